@@ -1,0 +1,16 @@
+//! HPK's own gRPC contracts, one module per `hpk.<service>.v1` package.
+//!
+//! The pod-runtime speaks CRI v1 through the `k8s-cri` crate; everything else HPK's services say
+//! to each other is defined under `proto/hpk` and generated here at build time.
+
+/// `hpk.certsigner.v1`: the controller's kubelet certificate signer.
+pub mod certsigner {
+    /// Version 1 of the certificate signer contract.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("hpk.certsigner.v1");
+    }
+}
+
+/// Encoded `FileDescriptorSet` of every HPK contract, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hpk_descriptor.bin"));

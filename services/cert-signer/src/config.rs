@@ -1,0 +1,126 @@
+//! Command-line and environment configuration of the signer and its client.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::Profile;
+use crate::policy::San;
+
+/// `hpk-cert-signer serve`: run the controller's signer.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on with TLS; port 0 picks a free port (see --address-file).
+    #[arg(long, env = "HPK_CERT_SIGNER_LISTEN", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Write the URL clients should use (`https://HOST:PORT`) to this file once listening.
+    #[arg(long, env = "HPK_CERT_SIGNER_ADDRESS_FILE")]
+    pub address_file: Option<PathBuf>,
+    /// Host to put in the address file and in the signer's certificate, when --listen is a
+    /// wildcard address or clients use another name.
+    #[arg(long, env = "HPK_CERT_SIGNER_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// CA certificate the API server uses to verify kubelets (K3s: server-ca.crt). Also signs
+    /// the signer's own TLS certificate, so clients pin this one CA.
+    #[arg(long, env = "HPK_SERVING_CA_CERT")]
+    pub serving_ca_cert: PathBuf,
+    /// Private key of the serving CA; must be 0600 and off the shared filesystem.
+    #[arg(long, env = "HPK_SERVING_CA_KEY")]
+    pub serving_ca_key: PathBuf,
+    /// The API server's client CA (K3s: client-ca.crt), for kubelet client certificates.
+    #[arg(long, env = "HPK_CLIENT_CA_CERT")]
+    pub client_ca_cert: PathBuf,
+    /// Private key of the client CA; must be 0600 and off the shared filesystem.
+    #[arg(long, env = "HPK_CLIENT_CA_KEY")]
+    pub client_ca_key: PathBuf,
+    /// File holding the cluster's node token (0600).
+    #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// The shared directory (NFS home) CA keys must never lie under [default: $HOME/.hpk].
+    #[arg(long, env = "HPK_SHARED_DIR")]
+    pub shared_dir: Option<PathBuf>,
+    /// Longest validity of an issued certificate, e.g. 7d, 12h, 30s.
+    #[arg(long, env = "HPK_CERT_MAX_VALIDITY", default_value = "7d", value_parser = parse_duration)]
+    pub max_validity: Duration,
+    /// The cluster's DNS domain; kubernetes.default.svc.<domain> is never issued to a node.
+    #[arg(long, env = "HPK_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Further names or addresses of the API server (its service IP, public names) that no node
+    /// certificate may carry. Repeatable.
+    #[arg(long = "apiserver-san", env = "HPK_APISERVER_SANS", value_delimiter = ',')]
+    pub apiserver_sans: Vec<San>,
+}
+
+/// `hpk-cert-signer request`: get (and optionally keep renewing) a kubelet certificate.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RequestArgs {
+    /// The signer's URL, `https://HOST:PORT`.
+    #[arg(long, env = "HPK_CERT_SIGNER_URL", required_unless_present = "server_file")]
+    pub server: Option<String>,
+    /// Read the signer's URL from this file (the signer's --address-file).
+    #[arg(long, env = "HPK_CERT_SIGNER_ADDRESS_FILE", conflicts_with = "server")]
+    pub server_file: Option<PathBuf>,
+    /// The CA certificate to pin for the signer's TLS (the serving CA).
+    #[arg(long, env = "HPK_SIGNER_CA_CERT")]
+    pub ca_cert: PathBuf,
+    /// Name to check in the signer's certificate, if not the host of the URL.
+    #[arg(long, env = "HPK_CERT_SIGNER_SERVER_NAME")]
+    pub server_name: Option<String>,
+    /// File holding the cluster's node token (0600).
+    #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// The node the certificate is for.
+    #[arg(long, env = "HPK_NODE_NAME")]
+    pub node_name: String,
+    /// Which certificate: the kubelet API's serving certificate or the node's client identity.
+    #[arg(long, value_enum, default_value_t = Profile::Serving)]
+    pub profile: Profile,
+    /// An IP address or DNS name of the node (serving certificates). Repeatable.
+    #[arg(long = "san", value_delimiter = ',')]
+    pub sans: Vec<San>,
+    /// Where to write the certificate chain (PEM, 0644).
+    #[arg(long)]
+    pub cert_out: PathBuf,
+    /// Where to write the private key (PEM, 0600); never under the shared directory.
+    #[arg(long)]
+    pub key_out: PathBuf,
+    /// The shared directory the key must not be written under [default: $HOME/.hpk].
+    #[arg(long, env = "HPK_SHARED_DIR")]
+    pub shared_dir: Option<PathBuf>,
+    /// Keep running and renew the certificate at two thirds of its lifetime.
+    #[arg(long)]
+    pub renew: bool,
+}
+
+/// Parses `<number><unit>` with unit s, m, h or d.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 =
+        number.parse().map_err(|_| format!("{text:?}: expected a number followed by s, m, h or d"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: unit must be s, m, h or d")),
+    };
+    if number == 0 {
+        return Err(format!("{text:?}: must be longer than zero"));
+    }
+    number.checked_mul(seconds).map(Duration::from_secs).ok_or_else(|| format!("{text:?}: too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
+        for bad in ["", "7", "d", "7w", "0s", "-1s", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! hpk-cert-signer: the controller's kubelet certificate signer, and the client kubelets use.
+//!
+//! The signer holds the cluster's serving CA and client CA keys on the controller and signs, over
+//! TLS, certificates for keys generated on each node, after checking a node token and a fixed
+//! policy ([`policy`]). The client ([`client`]) generates the key locally, requests, writes, and
+//! renews at two thirds of the lifetime.
+
+pub mod ca;
+pub mod client;
+pub mod config;
+mod error;
+pub mod files;
+pub mod policy;
+pub mod secrets;
+mod server;
+pub mod service;
+pub mod token;
+
+pub use error::{Error, Result};
+pub use server::run;
+
+/// Which kind of certificate a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// The kubelet API's TLS serving certificate (serverAuth, node SANs).
+    Serving,
+    /// The node's client identity toward the API server (clientAuth, no SANs).
+    Client,
+}
+
+impl std::fmt::Display for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Serving => "serving",
+            Self::Client => "client",
+        })
+    }
+}
+
+/// `hpk-cert-signer request`: get a certificate, and with `--renew` keep it renewed until
+/// `shutdown`.
+pub async fn request(args: config::RequestArgs, shutdown: tokio_util::sync::CancellationToken) -> Result<()> {
+    let shared = args.shared_dir.clone().unwrap_or_else(secrets::default_shared_dir);
+    secrets::ensure_not_shared(&args.key_out, &shared)?;
+    let url = match (&args.server, &args.server_file) {
+        (Some(url), _) => url.clone(),
+        (None, Some(file)) => {
+            std::fs::read_to_string(file).map_err(|e| Error::file("read", file, e))?.trim().to_owned()
+        }
+        (None, None) => return Err(Error::Config("give --server or --server-file".into())),
+    };
+    let ca_pem = std::fs::read(&args.ca_cert).map_err(|e| Error::file("read", &args.ca_cert, e))?;
+    let token = token::load(&args.token_file)?;
+    let request = client::CertRequest { node_name: args.node_name, profile: args.profile, sans: args.sans };
+    policy::check_node_name(&request.node_name)?;
+    let mut signer =
+        client::SignerClient::connect(&url, &ca_pem, &token, args.server_name.as_deref()).await?;
+    let creds = signer.request(&request).await?;
+    creds.write(&args.cert_out, &args.key_out)?;
+    tracing::info!(serial = %creds.serial, cert = %args.cert_out.display(), "certificate written");
+    if !args.renew {
+        return Ok(());
+    }
+    let (updates, _) = tokio::sync::watch::channel(creds.clone());
+    client::keep_renewed(signer, request, creds, Some((args.cert_out, args.key_out)), updates, shutdown).await
+}

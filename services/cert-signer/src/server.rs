@@ -1,0 +1,73 @@
+//! `run`: load and check everything, then serve until shutdown.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpk_proto::certsigner::v1::cert_signer_server::CertSignerServer;
+use hpk_rpc::{Listener, Services};
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tracing::info;
+
+use crate::ca::Authority;
+use crate::config::ServeArgs;
+use crate::policy::{Policy, San};
+use crate::service::{MAX_REQUEST_BYTES, Service, Signer};
+use crate::token::RequireToken;
+use crate::{Error, Profile, Result};
+
+/// Validity of the signer's own TLS certificate (capped by the CA's expiry). A signer lives as
+/// long as its Slurm job, far less than this.
+const OWN_CERT_VALIDITY: Duration = Duration::from_secs(365 * 86_400);
+
+/// Runs the signer until `shutdown` is cancelled. Every file is checked before the socket is
+/// bound, so a misconfigured signer never listens.
+pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
+    let shared = args.shared_dir.clone().unwrap_or_else(crate::secrets::default_shared_dir);
+    let token = crate::token::load(&args.token_file)?;
+    let serving = Authority::load(Profile::Serving, &args.serving_ca_cert, &args.serving_ca_key, &shared)?;
+    let client = Authority::load(Profile::Client, &args.client_ca_cert, &args.client_ca_key, &shared)?;
+    let policy = Policy::new(&args.cluster_domain, &args.apiserver_sans);
+
+    let host = advertised_host(&args)?;
+    let own_key = rcgen::KeyPair::generate()?;
+    let own_cert =
+        serving.issue_server(&own_key, "hpk-cert-signer", &[host.parse::<San>()?], OWN_CERT_VALIDITY)?;
+    let listener =
+        Listener::tls(args.listen, own_cert.chain_pem.as_bytes(), own_key.serialize_pem().as_bytes()).await?;
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(args.listen.port());
+    let url = format!("https://{}:{port}", bracket_ipv6(&host));
+    if let Some(path) = &args.address_file {
+        crate::files::write_atomic(path, format!("{url}\n").as_bytes(), 0o644)?;
+    }
+    info!(%url, max_validity_s = args.max_validity.as_secs(), "cert-signer ready");
+
+    let signer = Service(Arc::new(Signer { policy, serving, client, max_validity: args.max_validity }));
+    let grpc = CertSignerServer::new(signer).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let services = Services::new().with(InterceptedService::new(grpc, RequireToken::new(&token)));
+    hpk_rpc::serve(listener, services, shutdown).await?;
+    if let Some(path) = &args.address_file {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// The host clients use: `--advertise`, else the listen address if it is a specific one.
+fn advertised_host(args: &ServeArgs) -> Result<String> {
+    if let Some(host) = &args.advertise {
+        return Ok(host.clone());
+    }
+    let ip: IpAddr = args.listen.ip();
+    if ip.is_unspecified() {
+        return Err(Error::Config(format!(
+            "--listen {} is a wildcard address: give --advertise with the host name or address clients use",
+            args.listen
+        )));
+    }
+    Ok(ip.to_string())
+}
+
+fn bracket_ipv6(host: &str) -> String {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() { format!("[{host}]") } else { host.to_owned() }
+}

@@ -1,0 +1,103 @@
+//! The `hpk.certsigner.v1.CertSigner` gRPC service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpk_proto::certsigner::v1::cert_signer_server::CertSigner;
+use hpk_proto::certsigner::v1::{SignRequest, SignResponse};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use crate::ca::{Authority, Issued};
+use crate::policy::Policy;
+use crate::{Profile, Result};
+
+/// Largest request accepted; a CSR with 16 SANs is a few kilobytes.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// What the service needs to decide and sign.
+pub struct Signer {
+    /// The policy every request must pass.
+    pub policy: Policy,
+    /// CA for kubelet serving certificates.
+    pub serving: Authority,
+    /// CA for kubelet client certificates.
+    pub client: Authority,
+    /// Longest validity of an issued certificate.
+    pub max_validity: Duration,
+}
+
+impl Signer {
+    /// Checks and signs one request, logging the decision.
+    pub fn sign(&self, profile: Profile, node: &str, csr_pem: &str, peer: &str) -> Result<Issued> {
+        let authority = match profile {
+            Profile::Serving => &self.serving,
+            Profile::Client => &self.client,
+        };
+        let result = self.policy.check(profile, node, csr_pem).and_then(|approved| {
+            let issued = authority.issue(&approved, self.max_validity)?;
+            let sans: Vec<String> = approved.sans.iter().map(ToString::to_string).collect();
+            info!(
+                node, %profile, peer, sans = %sans.join(","), serial = %issued.serial,
+                not_after = %humantime(issued.not_after), verdict = "issued", "certificate issued"
+            );
+            Ok(issued)
+        });
+        if let Err(err) = &result {
+            warn!(node, %profile, peer, verdict = "denied", reason = %err, "request refused");
+        }
+        result
+    }
+}
+
+/// The gRPC face of a [`Signer`].
+#[derive(Clone)]
+pub struct Service(pub Arc<Signer>);
+
+impl Service {
+    fn handle(
+        &self,
+        profile: Profile,
+        request: Request<SignRequest>,
+    ) -> Result<Response<SignResponse>, Status> {
+        let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+        let SignRequest { node_name, csr_pem } = request.into_inner();
+        let issued = self.0.sign(profile, &node_name, &csr_pem, &peer)?;
+        Ok(Response::new(SignResponse {
+            certificate_chain_pem: issued.chain_pem,
+            ca_pem: issued.ca_pem,
+            serial: issued.serial,
+            not_before_unix: unix(issued.not_before),
+            not_after_unix: unix(issued.not_after),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl CertSigner for Service {
+    async fn sign_kubelet_serving_certificate(
+        &self,
+        request: Request<SignRequest>,
+    ) -> Result<Response<SignResponse>, Status> {
+        self.handle(Profile::Serving, request)
+    }
+
+    async fn sign_kubelet_client_certificate(
+        &self,
+        request: Request<SignRequest>,
+    ) -> Result<Response<SignResponse>, Status> {
+        self.handle(Profile::Client, request)
+    }
+}
+
+fn unix(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn humantime(t: std::time::SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "?".into())
+}

@@ -1,0 +1,129 @@
+//! The node token: loaded from a private file, sent as `authorization: Bearer …`, compared in
+//! constant time.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+use tracing::warn;
+
+use crate::{Error, Result};
+
+/// Shortest token accepted, so a placeholder cannot be mistaken for a secret.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// Loads the token from a 0600 file (surrounding whitespace ignored).
+pub fn load(path: &Path) -> Result<String> {
+    let raw = crate::secrets::read_private(path)?;
+    let bad = |reason: &str| Error::BadToken { path: path.to_owned(), reason: reason.to_owned() };
+    let text = String::from_utf8(raw).map_err(|_| bad("not UTF-8 text"))?;
+    let token = text.trim();
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(bad(&format!("shorter than {MIN_TOKEN_LEN} characters")));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad("contains spaces or non-printable characters"));
+    }
+    Ok(token.to_owned())
+}
+
+/// Server side: rejects requests whose bearer token differs from the cluster's.
+#[derive(Clone)]
+pub struct RequireToken {
+    expected: Arc<[u8]>,
+}
+
+impl RequireToken {
+    /// Accepts requests carrying `token`.
+    pub fn new(token: &str) -> Self {
+        Self { expected: token.as_bytes().into() }
+    }
+
+    fn check(&self, request: &Request<()>) -> Result<()> {
+        let header = request.metadata().get("authorization").ok_or(Error::MissingToken)?;
+        let presented = header.as_bytes().strip_prefix(b"Bearer ").ok_or(Error::MissingToken)?;
+        if bool::from(presented.ct_eq(&self.expected)) { Ok(()) } else { Err(Error::WrongToken) }
+    }
+}
+
+impl Interceptor for RequireToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        match self.check(&request) {
+            Ok(()) => Ok(request),
+            Err(err) => {
+                let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+                warn!(%peer, verdict = "unauthenticated", reason = %err, "request refused");
+                Err(err.into())
+            }
+        }
+    }
+}
+
+/// Client side: attaches the bearer token to every request.
+#[derive(Clone)]
+pub struct AttachToken {
+    value: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl AttachToken {
+    /// Attaches `token`; fails if it cannot be sent as a header.
+    pub fn new(token: &str) -> Result<Self> {
+        let mut value: MetadataValue<_> = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Error::BadResponse("token is not a valid header value".into()))?;
+        value.set_sensitive(true);
+        Ok(Self { value })
+    }
+}
+
+impl Interceptor for AttachToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        request.metadata_mut().insert("authorization", self.value.clone());
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request_with(header: Option<&str>) -> Request<()> {
+        let mut request = Request::new(());
+        if let Some(value) = header {
+            request.metadata_mut().insert("authorization", value.parse().expect("ascii"));
+        }
+        request
+    }
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let mut check = RequireToken::new("0123456789abcdef");
+        assert!(check.call(request_with(Some("Bearer 0123456789abcdef"))).is_ok());
+        for bad in [
+            None,
+            Some("0123456789abcdef"),
+            Some("Bearer 0123456789abcdeF"),
+            Some("Bearer 0123456789abcdef0"),
+        ] {
+            let status = check.call(request_with(bad)).expect_err("must be refused");
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn short_or_open_token_files_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("token");
+        std::fs::write(&path, "short\n").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(matches!(load(&path), Err(Error::BadToken { .. })));
+        std::fs::write(&path, "0123456789abcdef\n").expect("write");
+        assert_eq!(load(&path).expect("good token"), "0123456789abcdef");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(matches!(load(&path), Err(Error::InsecureSecret { .. })));
+    }
+}

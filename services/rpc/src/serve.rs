@@ -1,0 +1,182 @@
+//! Serving a set of tonic services with health, reflection and graceful shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::service::RoutesBuilder;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tracing::{info, warn};
+
+use crate::{Error, Result};
+
+/// How long in-flight requests may run after shutdown begins.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A bound listening socket, ready to serve.
+#[derive(Debug)]
+pub enum Listener {
+    /// A UNIX socket for peers in the same bubble; access is the socket's 0600 mode.
+    Unix {
+        /// The listening socket.
+        listener: tokio::net::UnixListener,
+        /// Its path, removed when serving ends.
+        path: PathBuf,
+    },
+    /// TCP with TLS for peers in other bubbles.
+    Tls {
+        /// The listening socket.
+        listener: tokio::net::TcpListener,
+        /// The server's certificate and key.
+        tls: ServerTlsConfig,
+    },
+}
+
+impl Listener {
+    /// Binds a UNIX socket at `path` (see [`crate::unix::bind`]).
+    pub fn unix(path: &Path) -> Result<Self> {
+        Ok(Self::Unix { listener: crate::unix::bind(path)?, path: path.to_owned() })
+    }
+
+    /// Binds `addr` for TLS with the PEM certificate chain and key given. Port 0 picks a free
+    /// port; [`Listener::local_addr`] tells which.
+    pub async fn tls(addr: SocketAddr, cert_chain_pem: &[u8], key_pem: &[u8]) -> Result<Self> {
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+        let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert_chain_pem, key_pem));
+        Ok(Self::Tls { listener, tls })
+    }
+
+    /// The bound TCP address, or `None` for a UNIX socket.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Unix { .. } => None,
+            Self::Tls { listener, .. } => listener.local_addr().ok(),
+        }
+    }
+}
+
+/// The application services to serve, with what health and reflection need to know of them.
+#[derive(Default)]
+pub struct Services {
+    routes: RoutesBuilder,
+    names: Vec<&'static str>,
+    descriptor_sets: Vec<&'static [u8]>,
+}
+
+impl Services {
+    /// An empty set; HPK's own descriptors are registered for reflection.
+    pub fn new() -> Self {
+        Self { descriptor_sets: vec![hpk_proto::FILE_DESCRIPTOR_SET], ..Self::default() }
+    }
+
+    /// Adds a service; health reports it SERVING while the server runs.
+    pub fn with<S>(mut self, svc: S) -> Self
+    where
+        S: tower::Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.routes.add_service(svc);
+        self.names.push(S::NAME);
+        self
+    }
+
+    /// Registers an encoded `FileDescriptorSet` for reflection (contracts not defined by HPK).
+    pub fn describe(mut self, descriptor_set: &'static [u8]) -> Self {
+        self.descriptor_sets.push(descriptor_set);
+        self
+    }
+}
+
+/// Serves `services` on `listener` until `shutdown` is cancelled, then stops accepting, reports
+/// NOT_SERVING, and gives in-flight requests [`DRAIN_DEADLINE`] to finish.
+pub async fn serve(listener: Listener, services: Services, shutdown: CancellationToken) -> Result<()> {
+    let Services { mut routes, names, descriptor_sets } = services;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in &names {
+        health.set_service_status(*name, ServingStatus::Serving).await;
+    }
+    let mut reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    let mut reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    for set in descriptor_sets {
+        reflection_v1 = reflection_v1.register_encoded_file_descriptor_set(set);
+        reflection_v1alpha = reflection_v1alpha.register_encoded_file_descriptor_set(set);
+    }
+    let reflection_v1 = reflection_v1.build_v1().map_err(|e| Error::Reflection(e.to_string()))?;
+    let reflection_v1alpha =
+        reflection_v1alpha.build_v1alpha().map_err(|e| Error::Reflection(e.to_string()))?;
+    routes.add_service(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
+    let routes = routes.routes();
+
+    let stopping = {
+        let shutdown = shutdown.clone();
+        let health = health.clone();
+        async move {
+            shutdown.cancelled().await;
+            for name in &names {
+                health.set_service_status(*name, ServingStatus::NotServing).await;
+            }
+            info!("shutting down: no new connections, draining in-flight requests");
+        }
+    };
+
+    match listener {
+        Listener::Unix { listener, path } => {
+            info!(socket = %path.display(), "serving gRPC on UNIX socket");
+            let incoming = UnixListenerStream::new(listener);
+            let result = drain(
+                Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stopping),
+                &shutdown,
+            )
+            .await;
+            if let Err(e) = std::fs::remove_file(&path) {
+                warn!(socket = %path.display(), error = %e, "could not remove socket");
+            }
+            result
+        }
+        Listener::Tls { listener, tls } => {
+            let addr =
+                listener.local_addr().map_err(|source| Error::io("local address", "tcp listener", source))?;
+            info!(%addr, "serving gRPC over TLS");
+            let incoming = TcpListenerStream::new(listener);
+            drain(
+                Server::builder()
+                    .tls_config(tls)?
+                    .add_routes(routes)
+                    .serve_with_incoming_shutdown(incoming, stopping),
+                &shutdown,
+            )
+            .await
+        }
+    }
+}
+
+/// Runs the server future; once shutdown starts, bounds the drain by [`DRAIN_DEADLINE`].
+async fn drain(
+    server: impl std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        () = shutdown.cancelled() => {}
+    }
+    match tokio::time::timeout(DRAIN_DEADLINE, server).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Error::DrainTimeout(DRAIN_DEADLINE)),
+    }
+}

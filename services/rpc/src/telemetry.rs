@@ -1,0 +1,24 @@
+//! Tracing set-up for HPK binaries: a `RUST_LOG`-style filter, plain or JSON lines, to stderr.
+
+use tracing_subscriber::EnvFilter;
+
+/// Output format of log lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the global subscriber. The filter comes from `RUST_LOG`, `info` if unset.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A second init (tests calling it twice) is harmless; ignore the "already set" error.
+    let _ = match format {
+        LogFormat::Plain => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
