@@ -1,4 +1,7 @@
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    SanType,
+};
 
 use super::*;
 
@@ -23,12 +26,20 @@ fn policy() -> Policy {
 #[test]
 fn a_plain_node_request_is_approved_with_its_sans() {
     let approved = policy()
-        .check(Profile::Serving, "node-1", &csr(&node_params("node-1", &["node-1", "10.0.0.5", "NODE-1.local"])))
+        .check(
+            Profile::Serving,
+            "node-1",
+            &csr(&node_params("node-1", &["node-1", "10.0.0.5", "NODE-1.local"])),
+        )
         .expect("approved");
     assert_eq!(approved.node, "node-1");
     assert_eq!(
         approved.sans,
-        vec![San::Dns("node-1".into()), San::Dns("node-1.local".into()), San::Ip("10.0.0.5".parse().expect("ip"))]
+        vec![
+            San::Dns("node-1".into()),
+            San::Dns("node-1.local".into()),
+            San::Ip("10.0.0.5".parse().expect("ip"))
+        ]
     );
 }
 
@@ -55,18 +66,26 @@ fn subject_of_another_node_or_group_is_denied() {
     assert!(err.to_string().contains("system:masters"), "{err}");
     let mut params = node_params("n1", &[]);
     params.distinguished_name.push(DnType::OrganizationalUnitName, "extra");
-    assert!(matches!(policy().check(Profile::Serving, "n1", &csr(&params)), Err(Error::SubjectMismatch { .. })));
+    assert!(matches!(
+        policy().check(Profile::Serving, "n1", &csr(&params)),
+        Err(Error::SubjectMismatch { .. })
+    ));
 }
 
 #[test]
 fn api_server_names_and_wildcards_are_denied() {
-    for san in
-        ["kubernetes", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "10.96.0.1", "api.example"]
-    {
+    for san in [
+        "kubernetes",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        "10.96.0.1",
+        "api.example",
+    ] {
         let err = policy().check(Profile::Serving, "n1", &csr(&node_params("n1", &[san]))).expect_err(san);
         assert!(matches!(err, Error::ForbiddenSan { .. }), "{san}: {err}");
     }
-    let err = policy().check(Profile::Serving, "n1", &csr(&node_params("n1", &["*.nodes.local"]))).expect_err("*");
+    let err =
+        policy().check(Profile::Serving, "n1", &csr(&node_params("n1", &["*.nodes.local"]))).expect_err("*");
     assert!(err.to_string().contains("wildcard"), "{err}");
 }
 
@@ -88,7 +107,8 @@ fn ca_requests_and_foreign_usages_are_denied() {
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyCertSign];
     assert!(matches!(policy().check(Profile::Serving, "n1", &csr(&params)), Err(Error::CaRequested)));
     let mut params = node_params("n1", &[]);
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::CodeSigning];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::CodeSigning];
     assert!(matches!(
         policy().check(Profile::Serving, "n1", &csr(&params)),
         Err(Error::UsageNotAllowed { .. })
@@ -101,7 +121,8 @@ fn non_ip_non_dns_sans_and_unknown_extensions_are_denied() {
     params.subject_alt_names = vec![SanType::URI("spiffe://cluster/ns/x".try_into().expect("ia5"))];
     assert!(matches!(policy().check(Profile::Serving, "n1", &csr(&params)), Err(Error::ForbiddenSan { .. })));
     let mut params = node_params("n1", &[]);
-    params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00])];
+    params.custom_extensions =
+        vec![rcgen::CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00])];
     let err = policy().check(Profile::Serving, "n1", &csr(&params)).expect_err("unknown extension");
     assert!(matches!(&err, Error::ExtensionNotAllowed { oid } if oid == "1.2.3.4"), "{err}");
 }
@@ -139,7 +160,8 @@ fn rsa_keys_below_2048_bits_are_refused_and_2048_accepted() {
     let small = include_str!("../tests/fixtures/rsa1024-n1.csr");
     let err = policy().check(Profile::Serving, "n1", small).expect_err("1024-bit RSA");
     assert!(matches!(&err, Error::UnsupportedKey(m) if m.contains("1024")), "{err}");
-    let approved =
-        policy().check(Profile::Serving, "n1", include_str!("../tests/fixtures/rsa2048-n1.csr")).expect("2048");
+    let approved = policy()
+        .check(Profile::Serving, "n1", include_str!("../tests/fixtures/rsa2048-n1.csr"))
+        .expect("2048");
     assert!(approved.rsa);
 }

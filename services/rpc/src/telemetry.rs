@@ -15,7 +15,9 @@ pub enum LogFormat {
 /// Installs the global subscriber. The filter comes from `RUST_LOG`, `info` if unset.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     // A second init (tests calling it twice) is harmless; ignore the "already set" error.
     let _ = match format {
         LogFormat::Plain => builder.try_init(),

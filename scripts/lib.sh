@@ -1,0 +1,57 @@
+# shellcheck shell=bash
+# Shared helpers for HPK's scripts: timed stages and idempotent installs.
+
+HPK_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export HPK_ROOT
+# Tools we build (grpcurl, the control plane) live outside the checkout so that every clone
+# and every CI run reuses them; each is keyed by its pinned version.
+export HPK_CACHE_DIR="${HPK_CACHE_DIR:-$HOME/.cache/hpk}"
+export HPK_TOOLS_DIR="${HPK_TOOLS_DIR:-$HPK_CACHE_DIR/tools}"
+export PATH="$HPK_TOOLS_DIR/bin:$PATH"
+
+STAGE_TIMES=()
+
+# stage NAME COMMAND...: runs COMMAND, prints how long it took, remembers it for the summary.
+stage() {
+  local name=$1 start end
+  shift
+  echo "==> $name"
+  start=$(date +%s)
+  "$@"
+  end=$(date +%s)
+  STAGE_TIMES+=("$(printf '%-28s %5ss' "$name" $((end - start)))")
+  echo "<== $name: $((end - start))s"
+}
+
+stage_summary() {
+  echo "---- stage times ----"
+  printf '%s\n' "${STAGE_TIMES[@]}"
+}
+
+# apt_install PKG...: installs the Debian packages that are missing, and only those.
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+# go_tool NAME MODULE@VERSION: installs a pinned Go tool into $HPK_TOOLS_DIR/bin once per version.
+go_tool() {
+  local name=$1 module=$2 stamp
+  stamp="$HPK_TOOLS_DIR/stamps/$name"
+  if [ -x "$HPK_TOOLS_DIR/bin/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$module" ]; then
+    return 0
+  fi
+  echo "building $module"
+  mkdir -p "$HPK_TOOLS_DIR/bin" "$HPK_TOOLS_DIR/stamps"
+  GOBIN="$HPK_TOOLS_DIR/bin" GOFLAGS=-trimpath go install "$module"
+  echo "$module" >"$stamp"
+}

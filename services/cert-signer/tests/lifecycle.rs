@@ -1,0 +1,175 @@
+//! Start-up refusals, graceful shutdown, renewal through the command line, and grpcurl.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use support::{BIN, Pki, Signer, init_crypto, write_mode};
+use x509_parser::prelude::*;
+
+fn serve_once(pki: &Pki, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(pki.serve_args()).args(extra).stdin(Stdio::null()).output().expect("run signer")
+}
+
+#[test]
+fn refuses_to_start_with_a_group_readable_ca_key() {
+    let pki = Pki::new();
+    std::fs::set_permissions(&pki.serving_ca_key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let out = serve_once(&pki, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("0644") && stderr.contains("chmod 600"), "the message names the fix: {stderr}");
+    assert!(!pki.address_file().exists(), "a refused signer never listens");
+}
+
+#[test]
+fn refuses_to_start_with_a_ca_key_under_the_shared_directory() {
+    let mut pki = Pki::new();
+    let shared_key = pki.shared_dir.join("client-ca.key");
+    write_mode(&shared_key, &std::fs::read(&pki.client_ca_key).expect("read"), 0o600);
+    pki.client_ca_key = shared_key;
+    let out = serve_once(&pki, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("shared directory"), "{stderr}");
+    assert!(!pki.address_file().exists());
+}
+
+#[test]
+fn refuses_a_ca_key_that_does_not_match_its_certificate() {
+    let mut pki = Pki::new();
+    pki.serving_ca_key = pki.client_ca_key.clone();
+    let out = serve_once(&pki, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("does not belong"), "{stderr}");
+}
+
+#[test]
+fn sigterm_stops_gracefully_and_removes_the_address_file() {
+    let pki = Pki::new();
+    let mut signer = Signer::start(&pki, &[]);
+    assert!(pki.address_file().exists());
+    let status = signer.stop();
+    assert!(status.success(), "exit status {status}: {}", signer.log());
+    assert!(!pki.address_file().exists());
+    assert!(signer.log().contains("shutting down"), "{}", signer.log());
+}
+
+#[test]
+fn request_refuses_to_write_the_key_to_the_shared_directory() {
+    let pki = Pki::new();
+    let signer = Signer::start(&pki, &[]);
+    let out = Command::new(BIN)
+        .args(["request", "--node-name=n1", "--san=n1"])
+        .arg(format!("--server={}", signer.url))
+        .arg(format!("--ca-cert={}", pki.serving_ca_cert.display()))
+        .arg(format!("--token-file={}", pki.token_file.display()))
+        .arg(format!("--shared-dir={}", pki.shared_dir.display()))
+        .arg(format!("--cert-out={}", pki.shared_dir.join("n1.crt").display()))
+        .arg(format!("--key-out={}", pki.shared_dir.join("n1.key").display()))
+        .output()
+        .expect("run request");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(!pki.shared_dir.join("n1.key").exists() && !pki.shared_dir.join("n1.crt").exists());
+}
+
+/// Serial and expiry of the first certificate in a PEM file.
+fn serial_and_expiry(path: &Path) -> Option<(String, i64)> {
+    let pem_text = std::fs::read(path).ok()?;
+    let (_, pem) = parse_x509_pem(&pem_text).ok()?;
+    let (_, cert) = X509Certificate::from_der(&pem.contents).ok()?;
+    Some((cert.raw_serial_as_string(), cert.validity().not_after.timestamp()))
+}
+
+#[test]
+fn renews_a_short_lived_certificate_before_it_expires() {
+    let pki = Pki::new();
+    let signer = Signer::start(&pki, &["--max-validity=6s"]);
+    let node_dir = pki.dir.path().join("node-local");
+    std::fs::create_dir(&node_dir).expect("mkdir");
+    let (cert, key) = (node_dir.join("kubelet.crt"), node_dir.join("kubelet.key"));
+    let mut renewer = Command::new(BIN)
+        .args(["request", "--renew", "--node-name=n1", "--san=n1", "--san=127.0.0.1"])
+        .arg(format!("--server-file={}", pki.address_file().display()))
+        .arg(format!("--ca-cert={}", pki.serving_ca_cert.display()))
+        .arg(format!("--token-file={}", pki.token_file.display()))
+        .arg(format!("--shared-dir={}", pki.shared_dir.display()))
+        .arg(format!("--cert-out={}", cert.display()))
+        .arg(format!("--key-out={}", key.display()))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn renewer");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(found) = serial_and_expiry(&cert) {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no first certificate: {}", signer.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let first_key = std::fs::read(&key).expect("key");
+    let key_mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).expect("meta").permissions());
+    assert_eq!(key_mode & 0o777, 0o600);
+
+    // The renewal must land before the first certificate expires.
+    let renewed = loop {
+        match serial_and_expiry(&cert) {
+            Some(found) if found.0 != first.0 => break found,
+            _ => {}
+        }
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs();
+        assert!(i64::try_from(now).expect("fits") < first.1, "certificate expired before renewal");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let renewed_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs();
+    assert!(i64::try_from(renewed_at).expect("fits") <= first.1, "renewed after expiry");
+    assert!(renewed.1 > first.1, "the new certificate lives longer");
+    assert_ne!(std::fs::read(&key).expect("key"), first_key, "renewal uses a fresh key");
+    support::terminate(&mut renewer);
+}
+
+/// Finds a tool on PATH. When HPK_REQUIRE_TOOLS=1 (the README's test command sets it) a
+/// missing tool fails the test; otherwise the test says why it is skipped.
+fn tool(name: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).find(|p| p.is_file()));
+    if found.is_none() {
+        assert!(
+            std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "{name} is required but not on PATH"
+        );
+        eprintln!("SKIPPED: {name} is not on PATH; run the README's test command, which installs it");
+    }
+    found
+}
+
+#[test]
+fn grpcurl_lists_the_services_and_checks_health() {
+    init_crypto();
+    let Some(grpcurl) = tool("grpcurl") else { return };
+    let pki = Pki::new();
+    let signer = Signer::start(&pki, &[]);
+    let target = signer.url.trim_start_matches("https://").to_owned();
+    let ca = pki.serving_ca_cert.display().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new(&grpcurl).args(["-cacert", &ca]).args(args).output().expect("run grpcurl");
+        assert!(out.status.success(), "grpcurl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let services = run(&[&target, "list"]);
+    let names: Vec<&str> = services.lines().collect();
+    assert!(names.contains(&"hpk.certsigner.v1.CertSigner"), "{services}");
+    assert!(names.contains(&"grpc.health.v1.Health"), "{services}");
+    let methods = run(&[&target, "list", "hpk.certsigner.v1.CertSigner"]);
+    assert!(methods.contains("SignKubeletServingCertificate"), "{methods}");
+    let health =
+        run(&["-d", r#"{"service":"hpk.certsigner.v1.CertSigner"}"#, &target, "grpc.health.v1.Health/Check"]);
+    assert!(health.contains("\"SERVING\""), "{health}");
+}
