@@ -6,7 +6,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 setup_packages() {
-  # shellcheck: lints our scripts; openssl: the benchmark's baseline and operators' checks.
+  # Lints our scripts (shellcheck); the benchmark's baseline and operators' checks (openssl).
   apt_install shellcheck openssl ca-certificates
 }
 

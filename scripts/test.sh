@@ -15,10 +15,23 @@ shell_scripts() {
   git ls-files -z '*.sh' .ci/run | xargs -0 shellcheck -x
 }
 
+trap stage_summary EXIT
 stage "apt packages" setup_packages
 stage "go tools" setup_tools
 stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts
-stage "cargo test" cargo test --workspace --locked
-stage_summary
+# cargo prints one result line per test binary, the last often a doc-test run of 0; close with
+# the sum so the outcome is one line.
+cargo_test() {
+  local log
+  log=$(mktemp)
+  cargo test --workspace --locked 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  awk '/^test result:/ { p += $4; f += $6; i += $8 }
+       END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+  rm -f "$log"
+  return "$rc"
+}
+
+stage "cargo test" cargo_test
