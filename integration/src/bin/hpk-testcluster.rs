@@ -1,0 +1,2 @@
+//! `hpk-testcluster up|down`: the harness's cluster for people.
+fn main() {}

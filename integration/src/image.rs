@@ -1,0 +1,1 @@
+//! Test images built without Docker (filled in by the registry work).

@@ -1,0 +1,1 @@
+//! A local OCI registry (filled in by the registry work).
