@@ -8,14 +8,25 @@ source "$(dirname "$0")/lib.sh"
 setup_packages() {
   # Lints our scripts (shellcheck); the benchmark's baseline and operators' checks (openssl).
   apt_install shellcheck openssl ca-certificates
+  # Test hosts (ip netns, unshare --uts) and what runs on them.
+  apt_install iproute2 util-linux
 }
 
 setup_tools() {
   command -v go >/dev/null || { echo "Go is required (https://go.dev/doc/install)" >&2; exit 1; }
   go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+  # CRI client; v1.35.0 is not served by the module proxy, v1.34 is within the supported skew.
+  go_tool crictl sigs.k8s.io/cri-tools/cmd/crictl@v1.34.0
+}
+
+# The upstream control plane (kube-apiserver, controller-manager, scheduler, kube-proxy,
+# kubectl, etcd) from Go modules; build.sh rebuilds only when its inputs change.
+setup_controlplane() {
+  "$HPK_ROOT/integration/controlplane/build.sh" "$HPK_CACHE_DIR/controlplane/bin"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   stage "apt packages" setup_packages
   stage "go tools" setup_tools
+  stage "control plane" setup_controlplane
 fi

@@ -18,6 +18,7 @@ shell_scripts() {
 trap stage_summary EXIT
 stage "apt packages" setup_packages
 stage "go tools" setup_tools
+stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts

@@ -8,5 +8,25 @@
 //!
 //! Everything a harness object creates it removes when dropped, also while a test panics.
 
+pub mod controlplane;
+mod error;
 pub mod image;
+pub mod netns;
+pub mod pki;
+pub mod process;
 pub mod registry;
+
+pub use error::{Error, Result};
+
+/// Whether a test that lacks a prerequisite must fail (the README's test command sets
+/// `HPK_REQUIRE_TOOLS=1`) rather than skip. Prints why when it skips.
+pub fn skip_unless_available<T>(found: Result<T>) -> Option<T> {
+    match found {
+        Ok(value) => Some(value),
+        Err(e) if std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1") => {
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+        Err(e) => panic!("prerequisite missing (HPK_REQUIRE_TOOLS=1): {e}"),
+    }
+}

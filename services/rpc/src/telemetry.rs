@@ -14,7 +14,12 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. The filter comes from `RUST_LOG`, `info` if unset.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default(format, "info");
+}
+
+/// Like [`init`], with `default_filter` when `RUST_LOG` is unset.
+pub fn init_with_default(format: LogFormat, default_filter: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);

@@ -1,0 +1,326 @@
+//! The upstream control plane on a test host: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler, each its own process, from the multi-call binary `controlplane/build.sh` makes.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+
+use crate::netns::{Host, TestNetwork};
+use crate::pki::{ClusterPki, write_kubeconfig};
+use crate::process::Process;
+use crate::{Error, Result};
+
+/// The Service CIDR; its first address is the `kubernetes` Service.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The Pod CIDR the controller-manager cuts node podCIDRs from.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The API server's port on its host.
+pub const API_PORT: u16 = 6443;
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Where the control-plane binaries are: `$HPK_CONTROLPLANE_BIN_DIR`, else the cache the test
+/// command builds into (`$HPK_CACHE_DIR/controlplane/bin`, `~/.cache/hpk/controlplane/bin`), else
+/// `integration/controlplane/bin` of this checkout.
+pub fn bin_dir() -> Result<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(dir) = std::env::var_os("HPK_CONTROLPLANE_BIN_DIR") {
+        candidates.push(PathBuf::from(dir));
+    }
+    let cache = std::env::var_os("HPK_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hpk")));
+    if let Some(cache) = cache {
+        candidates.push(cache.join("controlplane/bin"));
+    }
+    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/bin"));
+    candidates.iter().find(|d| d.join("kube-apiserver").is_file()).cloned().ok_or_else(|| Error::Missing {
+        what: "the control-plane binaries (kube-apiserver)".into(),
+        hint: format!(
+            "run integration/controlplane/build.sh or scripts/setup.sh; looked in {}",
+            candidates.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+/// A running control plane. Dropping it stops every process, removes the test network and
+/// deletes every file, also while a test panics.
+pub struct ControlPlane {
+    components: Vec<Process>,
+    bin_dir: PathBuf,
+    pki: ClusterPki,
+    host: Host,
+    api_url: String,
+    admin_kubeconfig: PathBuf,
+    network: TestNetwork,
+    dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    /// Starts the control plane on a test host named `controlplane`, beside test hosts named
+    /// `nodes`, and waits until it is ready to take pods.
+    pub async fn start(nodes: &[&str]) -> Result<Self> {
+        let bin_dir = bin_dir()?;
+        let mut names = vec!["controlplane"];
+        names.extend_from_slice(nodes);
+        let network = TestNetwork::create(&names)?;
+        let host = network.host("controlplane").cloned().expect("created above");
+        let dir = tempfile::Builder::new().prefix("hpk-testcluster-").tempdir().map_err(|e| Error::io("create", "temp dir", e))?;
+        let service_ip: IpAddr = "10.96.0.1".parse().expect("literal");
+        let pki = ClusterPki::generate(&dir.path().join("pki"), &[IpAddr::V4(host.ip)], service_ip)?;
+        let api_url = format!("https://{}:{API_PORT}", host.ip);
+        let admin_kubeconfig = dir.path().join("admin.kubeconfig");
+        let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
+        write_kubeconfig(&admin_kubeconfig, &api_url, &pki.server_ca().cert, "admin", &admin)?;
+        let mut cp = Self { components: Vec::new(), bin_dir, pki, host, api_url, admin_kubeconfig, network, dir };
+        cp.launch().await?;
+        Ok(cp)
+    }
+
+    async fn launch(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let d = self.dir.path().to_owned();
+        let p = |path: &Path| path.display().to_string();
+        let ip = self.host.ip.to_string();
+
+        self.spawn(
+            "etcd",
+            &[
+                "--name=controlplane".into(),
+                format!("--data-dir={}", p(&d.join("etcd"))),
+                // The control-plane host's own loopback: reachable only inside its namespace.
+                "--listen-client-urls=http://127.0.0.1:2379".into(),
+                "--advertise-client-urls=http://127.0.0.1:2379".into(),
+                "--listen-peer-urls=http://127.0.0.1:2380".into(),
+                "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+                "--initial-cluster=controlplane=http://127.0.0.1:2380".into(),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+
+        let pki = &self.pki;
+        let apiserver_args = vec![
+            "--etcd-servers=http://127.0.0.1:2379".into(),
+            format!("--bind-address={ip}"),
+            format!("--advertise-address={ip}"),
+            format!("--secure-port={API_PORT}"),
+            format!("--cert-dir={}", p(&d.join("apiserver"))),
+            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
+            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
+            format!("--client-ca-file={}", p(&pki.client_ca().cert)),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p(&pki.service_account_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.service_account_key)),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!("--kubelet-client-certificate={}", p(&pki.apiserver_kubelet_client.cert)),
+            format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
+            format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ];
+        self.spawn("kube-apiserver", &apiserver_args)?;
+        let admin = self.admin_client().await?;
+        self.wait_ready("kube-apiserver /readyz", || {
+            let admin = admin.clone();
+            async move { get_text(&admin, "/readyz").await.map(|body| body.trim() == "ok") }
+        })
+        .await?;
+
+        let cm_kubeconfig = d.join("controller-manager.kubeconfig");
+        let cm = self.pki.client_cert("controller-manager", "system:kube-controller-manager", &[])?;
+        write_kubeconfig(&cm_kubeconfig, &self.api_url, &self.pki.server_ca().cert, "controller-manager", &cm)?;
+        let (server_ca, client_ca) = (self.pki.server_ca().clone(), self.pki.client_ca().clone());
+        let cm_args = vec![
+            format!("--kubeconfig={}", p(&cm_kubeconfig)),
+            format!("--authentication-kubeconfig={}", p(&cm_kubeconfig)),
+            format!("--authorization-kubeconfig={}", p(&cm_kubeconfig)),
+            format!("--bind-address={ip}"),
+            "--secure-port=10257".into(),
+            format!("--cert-dir={}", p(&d.join("controller-manager"))),
+            format!("--service-account-private-key-file={}", p(&self.pki.service_account_key)),
+            format!("--root-ca-file={}", p(&server_ca.cert)),
+            "--use-service-account-credentials=true".into(),
+            "--allocate-node-cidrs=true".into(),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--node-cidr-mask-size=24".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--cluster-signing-kubelet-serving-cert-file={}", p(&server_ca.cert)),
+            format!("--cluster-signing-kubelet-serving-key-file={}", p(&server_ca.key)),
+            format!("--cluster-signing-kubelet-client-cert-file={}", p(&client_ca.cert)),
+            format!("--cluster-signing-kubelet-client-key-file={}", p(&client_ca.key)),
+            format!("--cluster-signing-kube-apiserver-client-cert-file={}", p(&client_ca.cert)),
+            format!("--cluster-signing-kube-apiserver-client-key-file={}", p(&client_ca.key)),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ];
+        self.spawn("kube-controller-manager", &cm_args)?;
+
+        let sched_kubeconfig = d.join("scheduler.kubeconfig");
+        let sched = self.pki.client_cert("scheduler", "system:kube-scheduler", &[])?;
+        write_kubeconfig(&sched_kubeconfig, &self.api_url, &server_ca.cert, "scheduler", &sched)?;
+        let sched_args = vec![
+            format!("--kubeconfig={}", p(&sched_kubeconfig)),
+            format!("--authentication-kubeconfig={}", p(&sched_kubeconfig)),
+            format!("--authorization-kubeconfig={}", p(&sched_kubeconfig)),
+            format!("--bind-address={ip}"),
+            "--secure-port=10259".into(),
+            format!("--cert-dir={}", p(&d.join("scheduler"))),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ];
+        self.spawn("kube-scheduler", &sched_args)?;
+
+        for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)] {
+            let probe = insecure_client(&format!("https://{ip}:{port}"))?;
+            self.wait_ready(what, || {
+                let probe = probe.clone();
+                async move { get_text(&probe, "/healthz").await.map(|body| body.trim() == "ok") }
+            })
+            .await?;
+        }
+        // Admission refuses pods in a namespace until its default ServiceAccount exists.
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+        self.wait_ready("the default ServiceAccount", || {
+            let accounts = accounts.clone();
+            async move { accounts.get_opt("default").await.map(|sa| sa.is_some()).map_err(|e| e.to_string()) }
+        })
+        .await?;
+        tracing::info!(api = %self.api_url, seconds = started.elapsed().as_secs_f64(), "control plane ready");
+        Ok(())
+    }
+
+    fn spawn(&mut self, component: &str, args: &[String]) -> Result<()> {
+        let mut cmd = self.host.command(self.bin_dir.join(component));
+        cmd.args(args);
+        let log = self.dir.path().join(format!("{component}.log"));
+        self.components.push(Process::spawn(component, cmd, &log)?);
+        Ok(())
+    }
+
+    /// Polls `probe` every 100 ms until it says ready, failing early if a component exits.
+    async fn wait_ready<F, Fut>(&mut self, what: &str, mut probe: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, String>>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            for component in &mut self.components {
+                component.check_alive()?;
+            }
+            let last = match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => "answered, not ready".to_owned(),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                let logs = self.components.iter().map(|c| format!("--- {}:\n{}", c.name(), c.log_tail(10))).collect::<Vec<_>>();
+                return Err(Error::NotReady {
+                    what: what.into(),
+                    seconds: READY_TIMEOUT.as_secs(),
+                    detail: format!("{last}\n{}", logs.join("\n")),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A kube-rs client with cluster-admin rights.
+    pub async fn admin_client(&self) -> Result<kube::Client> {
+        client_from_kubeconfig(&self.admin_kubeconfig).await
+    }
+
+    /// The admin kubeconfig (0600).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// `kubectl` from the same release, using the admin kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join("kubectl"));
+        cmd.arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()));
+        cmd
+    }
+
+    /// The directory holding the control-plane binaries.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// The API server's URL.
+    pub fn api_url(&self) -> &str {
+        &self.api_url
+    }
+
+    /// The control-plane host.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The test network (the control-plane host and the node hosts).
+    pub fn network(&self) -> &TestNetwork {
+        &self.network
+    }
+
+    /// The cluster PKI.
+    pub fn pki(&self) -> &ClusterPki {
+        &self.pki
+    }
+
+    /// The harness's temporary directory (PKI, logs, etcd data).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PIDs of the running components, by name.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.components.iter().map(|c| (c.name().to_owned(), c.pid())).collect()
+    }
+
+    /// Issues a client certificate for node `name` (`system:node:<name>`, `O=system:nodes`) and
+    /// writes a kubeconfig with it; returns the kubeconfig's path.
+    pub fn node_kubeconfig(&self, name: &str) -> Result<PathBuf> {
+        let files = self.pki.client_cert(&format!("node-{name}"), &format!("system:node:{name}"), &["system:nodes"])?;
+        let path = self.dir.path().join(format!("node-{name}.kubeconfig"));
+        write_kubeconfig(&path, &self.api_url, &self.pki.server_ca().cert, &format!("system:node:{name}"), &files)?;
+        Ok(path)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Reverse start order: the scheduler and controller-manager before the API server,
+        // etcd last. The network and the directory go after, as fields drop.
+        while let Some(mut component) = self.components.pop() {
+            component.stop();
+        }
+    }
+}
+
+/// A client from a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A client for a component's self-signed health endpoint (anonymous, like kubelet probes).
+fn insecure_client(url: &str) -> Result<kube::Client> {
+    let mut config = kube::Config::new(url.parse().map_err(|e| Error::Kubeconfig(format!("{url}: {e}")))?);
+    config.accept_invalid_certs = true;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn get_text(client: &kube::Client, path: &str) -> Result<String, String> {
+    let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+    client.request_text(request).await.map_err(|e| e.to_string())
+}

@@ -1,0 +1,93 @@
+//! Harness processes: spawned on a test host, logged to a file, stopped by PID.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::{Error, Result};
+
+/// How long a component gets to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A process the harness started.
+#[derive(Debug)]
+pub struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Spawns `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let file = std::fs::File::create(log).map_err(|e| Error::io("create", log.display(), e))?;
+        let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| Error::io("start", name, e))?;
+        Ok(Self { name: name.to_owned(), child, log: log.to_owned() })
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The component's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Fails with the log's tail if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(Error::Exited {
+                component: self.name.clone(),
+                status: status.to_string(),
+                log: self.log.clone(),
+                tail: self.log_tail(30),
+            }),
+            Err(e) => Err(Error::io("wait for", &self.name, e)),
+        }
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL after [`STOP_GRACE`]; always reaps.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        if let Ok(raw) = i32::try_from(self.child.id()) {
+            let _ = kill(Pid::from_raw(raw), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::warn!(component = self.name, "did not stop after SIGTERM; killing");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
