@@ -68,14 +68,18 @@ impl ControlPlane {
         names.extend_from_slice(nodes);
         let network = TestNetwork::create(&names)?;
         let host = network.host("controlplane").cloned().expect("created above");
-        let dir = tempfile::Builder::new().prefix("hpk-testcluster-").tempdir().map_err(|e| Error::io("create", "temp dir", e))?;
+        let dir = tempfile::Builder::new()
+            .prefix("hpk-testcluster-")
+            .tempdir()
+            .map_err(|e| Error::io("create", "temp dir", e))?;
         let service_ip: IpAddr = "10.96.0.1".parse().expect("literal");
         let pki = ClusterPki::generate(&dir.path().join("pki"), &[IpAddr::V4(host.ip)], service_ip)?;
         let api_url = format!("https://{}:{API_PORT}", host.ip);
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
         write_kubeconfig(&admin_kubeconfig, &api_url, &pki.server_ca().cert, "admin", &admin)?;
-        let mut cp = Self { components: Vec::new(), bin_dir, pki, host, api_url, admin_kubeconfig, network, dir };
+        let mut cp =
+            Self { components: Vec::new(), bin_dir, pki, host, api_url, admin_kubeconfig, network, dir };
         cp.launch().await?;
         Ok(cp)
     }
@@ -135,7 +139,13 @@ impl ControlPlane {
 
         let cm_kubeconfig = d.join("controller-manager.kubeconfig");
         let cm = self.pki.client_cert("controller-manager", "system:kube-controller-manager", &[])?;
-        write_kubeconfig(&cm_kubeconfig, &self.api_url, &self.pki.server_ca().cert, "controller-manager", &cm)?;
+        write_kubeconfig(
+            &cm_kubeconfig,
+            &self.api_url,
+            &self.pki.server_ca().cert,
+            "controller-manager",
+            &cm,
+        )?;
         let (server_ca, client_ca) = (self.pki.server_ca().clone(), self.pki.client_ca().clone());
         let cm_args = vec![
             format!("--kubeconfig={}", p(&cm_kubeconfig)),
@@ -177,7 +187,8 @@ impl ControlPlane {
         ];
         self.spawn("kube-scheduler", &sched_args)?;
 
-        for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)] {
+        for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)]
+        {
             let probe = insecure_client(&format!("https://{ip}:{port}"))?;
             self.wait_ready(what, || {
                 let probe = probe.clone();
@@ -221,7 +232,11 @@ impl ControlPlane {
                 Err(e) => e,
             };
             if Instant::now() >= deadline {
-                let logs = self.components.iter().map(|c| format!("--- {}:\n{}", c.name(), c.log_tail(10))).collect::<Vec<_>>();
+                let logs = self
+                    .components
+                    .iter()
+                    .map(|c| format!("--- {}:\n{}", c.name(), c.log_tail(10)))
+                    .collect::<Vec<_>>();
                 return Err(Error::NotReady {
                     what: what.into(),
                     seconds: READY_TIMEOUT.as_secs(),
@@ -287,9 +302,19 @@ impl ControlPlane {
     /// Issues a client certificate for node `name` (`system:node:<name>`, `O=system:nodes`) and
     /// writes a kubeconfig with it; returns the kubeconfig's path.
     pub fn node_kubeconfig(&self, name: &str) -> Result<PathBuf> {
-        let files = self.pki.client_cert(&format!("node-{name}"), &format!("system:node:{name}"), &["system:nodes"])?;
+        let files = self.pki.client_cert(
+            &format!("node-{name}"),
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+        )?;
         let path = self.dir.path().join(format!("node-{name}.kubeconfig"));
-        write_kubeconfig(&path, &self.api_url, &self.pki.server_ca().cert, &format!("system:node:{name}"), &files)?;
+        write_kubeconfig(
+            &path,
+            &self.api_url,
+            &self.pki.server_ca().cert,
+            &format!("system:node:{name}"),
+            &files,
+        )?;
         Ok(path)
     }
 }
@@ -306,10 +331,12 @@ impl Drop for ControlPlane {
 
 /// A client from a kubeconfig file.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
     Ok(kube::Client::try_from(config)?)
 }
 

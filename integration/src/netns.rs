@@ -41,7 +41,17 @@ impl Host {
     /// hostname. The command execs in place, so the child's PID is the program's.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.netns, "unshare", "--uts", "--", "sh", "-c", r#"hostname "$0" && exec "$@""#]);
+        cmd.args([
+            "netns",
+            "exec",
+            &self.netns,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            r#"hostname "$0" && exec "$@""#,
+        ]);
         cmd.arg(&self.name).arg(program);
         cmd
     }

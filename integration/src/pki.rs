@@ -6,8 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    SanType,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 
 use crate::{Error, Result};
@@ -49,12 +49,31 @@ impl ClusterPki {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
         let server_ca = Ca::new(dir, "server-ca", "hpk-test-server-ca")?;
         let client_ca = Ca::new(dir, "client-ca", "hpk-test-client-ca")?;
-        let mut sans: Vec<SanType> = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"]
-            .iter()
-            .map(|name| Ok(SanType::DnsName((*name).try_into()?)))
-            .collect::<Result<_, rcgen::Error>>()?;
-        sans.extend(apiserver_ips.iter().copied().chain([service_ip, "127.0.0.1".parse().expect("literal")]).map(SanType::IpAddress));
-        let apiserver = server_ca.sign(dir, "apiserver", "kube-apiserver", &[], sans, ExtendedKeyUsagePurpose::ServerAuth)?;
+        let mut sans: Vec<SanType> = [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "localhost",
+        ]
+        .iter()
+        .map(|name| Ok(SanType::DnsName((*name).try_into()?)))
+        .collect::<Result<_, rcgen::Error>>()?;
+        sans.extend(
+            apiserver_ips
+                .iter()
+                .copied()
+                .chain([service_ip, "127.0.0.1".parse().expect("literal")])
+                .map(SanType::IpAddress),
+        );
+        let apiserver = server_ca.sign(
+            dir,
+            "apiserver",
+            "kube-apiserver",
+            &[],
+            sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
         let apiserver_kubelet_client = client_ca.sign(
             dir,
             "apiserver-kubelet-client",
@@ -68,7 +87,15 @@ impl ClusterPki {
         let service_account_pub = dir.join("service-account.pub");
         write(&service_account_key, &sa.serialize_pem(), 0o600)?;
         write(&service_account_pub, &sa.public_key_pem(), 0o644)?;
-        Ok(Self { dir: dir.to_owned(), server_ca, client_ca, apiserver, apiserver_kubelet_client, service_account_key, service_account_pub })
+        Ok(Self {
+            dir: dir.to_owned(),
+            server_ca,
+            client_ca,
+            apiserver,
+            apiserver_kubelet_client,
+            service_account_key,
+            service_account_pub,
+        })
     }
 
     /// The server CA (verifies the API server and kubelets; K3s `server-ca`).
@@ -93,7 +120,8 @@ impl Ca {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, cn);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let cert = params.self_signed(&key)?;
         let files = CertFiles { cert: dir.join(format!("{file}.crt")), key: dir.join(format!("{file}.key")) };
         write(&files.cert, &cert.pem(), 0o644)?;
@@ -130,7 +158,8 @@ impl Ca {
 
 fn write(path: &Path, contents: &str, mode: u32) -> Result<()> {
     std::fs::write(path, contents).map_err(|e| Error::io("write", path.display(), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod", path.display(), e))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io("chmod", path.display(), e))
 }
 
 /// Writes a kubeconfig for `server` trusting `ca`, authenticating with `client`.

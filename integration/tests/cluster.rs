@@ -31,7 +31,9 @@ fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
-    let Some(cp) = hpk_integration::skip_unless_available(ControlPlane::start(&["node1"]).await) else { return };
+    let Some(cp) = hpk_integration::skip_unless_available(ControlPlane::start(&["node1"]).await) else {
+        return;
+    };
     let client = cp.admin_client().await.expect("admin client");
 
     // kubectl from the same release sees a ready API server.
@@ -39,10 +41,16 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{}", String::from_utf8_lossy(&out.stderr));
 
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.create(&PostParams::default(), &from_json(json!({"metadata": {"name": "demo"}}))).await.expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &from_json(json!({"metadata": {"name": "demo"}})))
+        .await
+        .expect("namespace");
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "demo");
     configmaps
-        .create(&PostParams::default(), &from_json(json!({"metadata": {"name": "settings"}, "data": {"mode": "test"}})))
+        .create(
+            &PostParams::default(),
+            &from_json(json!({"metadata": {"name": "settings"}, "data": {"mode": "test"}})),
+        )
         .await
         .expect("configmap");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "demo");
@@ -63,7 +71,13 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
     let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), "demo");
     eventually("the ReplicaSet", || {
         let replicasets = replicasets.clone();
-        async move { replicasets.list(&ListParams::default().labels("app=web")).await.ok().filter(|l| l.items.len() == 1) }
+        async move {
+            replicasets
+                .list(&ListParams::default().labels("app=web"))
+                .await
+                .ok()
+                .filter(|l| l.items.len() == 1)
+        }
     })
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "demo");
@@ -77,7 +91,14 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
                 .iter()
                 .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending"))
                 .filter_map(|p| {
-                    p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?.reason.clone()
+                    p.status
+                        .as_ref()?
+                        .conditions
+                        .as_ref()?
+                        .iter()
+                        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?
+                        .reason
+                        .clone()
                 })
                 .collect();
             (reasons.len() == 2).then_some(reasons)
@@ -87,9 +108,22 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
     assert_eq!(unschedulable, ["Unschedulable", "Unschedulable"]);
 
     // kubectl sees the same objects.
-    let out = cp.kubectl().args(["get", "pods", "-n", "demo", "-l", "app=web", "-o", "name"]).output().expect("kubectl");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2, "{}", String::from_utf8_lossy(&out.stderr));
-    let out = cp.kubectl().args(["get", "configmap", "settings", "-n", "demo", "-o", "jsonpath={.data.mode}"]).output().expect("kubectl");
+    let out = cp
+        .kubectl()
+        .args(["get", "pods", "-n", "demo", "-l", "app=web", "-o", "name"])
+        .output()
+        .expect("kubectl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cp
+        .kubectl()
+        .args(["get", "configmap", "settings", "-n", "demo", "-o", "jsonpath={.data.mode}"])
+        .output()
+        .expect("kubectl");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "test");
 
     // A Node object gets a podCIDR from the controller-manager.
@@ -108,7 +142,9 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_test_host_reaches_the_api_server_and_nothing_listens_elsewhere() {
-    let Some(cp) = hpk_integration::skip_unless_available(ControlPlane::start(&["node1"]).await) else { return };
+    let Some(cp) = hpk_integration::skip_unless_available(ControlPlane::start(&["node1"]).await) else {
+        return;
+    };
     let node = cp.network().host("node1").expect("node1").clone();
 
     // From node1's namespace, as system:node:node1.
@@ -125,8 +161,14 @@ async fn a_test_host_reaches_the_api_server_and_nothing_listens_elsewhere() {
 
     // Every listener of the control plane is on its test address or its own loopback.
     let host = cp.host();
-    let out = hpk_integration::netns::run(std::process::Command::new("ip").args(["netns", "exec", &host.netns, "ss", "-Hltn"]))
-        .expect("ss");
+    let out = hpk_integration::netns::run(std::process::Command::new("ip").args([
+        "netns",
+        "exec",
+        &host.netns,
+        "ss",
+        "-Hltn",
+    ]))
+    .expect("ss");
     let ip = host.ip.to_string();
     for line in out.lines() {
         let local = line.split_whitespace().nth(3).expect("local address column");

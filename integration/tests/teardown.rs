@@ -43,7 +43,11 @@ impl Traces {
             assert!(!mounts.contains(ns.as_str()), "mount of {ns} remains");
             assert!(!PathBuf::from("/run/netns").join(ns).exists(), "/run/netns/{ns} remains");
         }
-        assert!(!PathBuf::from("/sys/class/net").join(&self.bridge).exists(), "bridge {} remains", self.bridge);
+        assert!(
+            !PathBuf::from("/sys/class/net").join(&self.bridge).exists(),
+            "bridge {} remains",
+            self.bridge
+        );
         assert!(!self.dir.exists(), "{} remains", self.dir.display());
     }
 }
@@ -51,7 +55,11 @@ impl Traces {
 fn run_in_thread(panic_midway: bool) -> (Traces, bool) {
     let (tx, rx) = mpsc::channel();
     let outcome = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
         runtime.block_on(async move {
             let cp = ControlPlane::start(&["node1", "node2"]).await.expect("control plane");
             let traces = Traces::of(&cp);

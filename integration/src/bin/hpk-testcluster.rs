@@ -64,14 +64,16 @@ async fn up(nodes: Vec<String>) -> anyhow::Result<()> {
 
 fn down() -> anyhow::Result<()> {
     let pid_file = pid_file();
-    let text = std::fs::read_to_string(&pid_file).with_context(|| format!("no cluster is up ({} missing)", pid_file.display()))?;
+    let text = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("no cluster is up ({} missing)", pid_file.display()))?;
     let pid: i32 = text.trim().parse().context("pid file")?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     if !comm.starts_with("hpk-testcluster") {
         let _ = std::fs::remove_file(&pid_file);
         bail!("process {pid} is not hpk-testcluster any more; removed the stale pid file");
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).context("signal")?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM)
+        .context("signal")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while PathBuf::from(format!("/proc/{pid}")).exists() {
         if Instant::now() > deadline {
