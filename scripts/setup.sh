@@ -10,6 +10,14 @@ setup_packages() {
   apt_install shellcheck openssl ca-certificates
   # Test hosts (ip netns, unshare --uts) and what runs on them.
   apt_install iproute2 util-linux
+  # The local OCI registry and the busybox the test images are built from.
+  apt_install docker-registry busybox-static
+  # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
+  # own instances, so keep that one off.
+  if command -v systemctl >/dev/null; then
+    systemctl disable docker-registry >/dev/null 2>&1 || true
+    if [ -d /run/systemd/system ]; then systemctl stop docker-registry || true; fi
+  fi
 }
 
 setup_tools() {

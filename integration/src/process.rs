@@ -44,6 +44,11 @@ impl Process {
         &self.name
     }
 
+    /// The exit status, if the process has exited (it is reaped then).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Fails with the log's tail if the process has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         match self.child.try_wait() {

@@ -45,14 +45,16 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
         .create(&PostParams::default(), &from_json(json!({"metadata": {"name": "demo"}})))
         .await
         .expect("namespace");
+    // Created through kubectl, read back through kube-rs.
+    let out = cp
+        .kubectl()
+        .args(["create", "configmap", "settings", "-n", "demo", "--from-literal=mode=test"])
+        .output()
+        .expect("kubectl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "demo");
-    configmaps
-        .create(
-            &PostParams::default(),
-            &from_json(json!({"metadata": {"name": "settings"}, "data": {"mode": "test"}})),
-        )
-        .await
-        .expect("configmap");
+    let settings = configmaps.get("settings").await.expect("configmap");
+    assert_eq!(settings.data.and_then(|d| d.get("mode").cloned()).as_deref(), Some("test"));
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "demo");
     let deployment = json!({
         "metadata": {"name": "web"},
@@ -119,12 +121,6 @@ async fn deployment_pods_wait_unschedulable_and_nodes_get_pod_cidrs() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = cp
-        .kubectl()
-        .args(["get", "configmap", "settings", "-n", "demo", "-o", "jsonpath={.data.mode}"])
-        .output()
-        .expect("kubectl");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "test");
 
     // A Node object gets a podCIDR from the controller-manager.
     let nodes: Api<Node> = Api::all(client.clone());

@@ -1,1 +1,0 @@
-//! A local OCI registry (filled in by the registry work).
