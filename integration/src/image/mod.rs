@@ -16,18 +16,20 @@ use flate2::read::GzDecoder;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+mod busybox;
+mod layer;
+
+pub use busybox::{
+    BUSYBOX, HTTPD_INDEX, HTTPD_PORT, busybox_available, busybox_layer, httpd_image, shell_image,
+};
+pub use layer::{Layer, LayerBuilder};
+
 /// Media type of an OCI image manifest.
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 /// Media type of an OCI image config.
 pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 /// Media type of a gzip'd tar layer.
 pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-/// Where Debian's `busybox-static` installs the binary the ready-made images carry.
-pub const BUSYBOX: &str = "/bin/busybox";
-/// The port the httpd image listens on.
-pub const HTTPD_PORT: u16 = 8080;
-/// The body of `/www/index.html` in the httpd image, for tests to compare against.
-pub const HTTPD_INDEX: &str = "hpk test image: busybox httpd is serving\n";
 
 /// The PATH an image's processes get, as in the usual base images.
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -236,154 +238,6 @@ impl Blob {
     }
 }
 
-/// A built layer: the gzip'd tar blob and the digest of the uncompressed tar (its diff ID).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layer {
-    /// The compressed layer as pushed.
-    pub blob: Blob,
-    /// The sha256 of the uncompressed tar, as listed in the config's `rootfs.diff_ids`.
-    pub diff_id: Digest,
-}
-
-#[derive(Debug, Clone)]
-enum Entry {
-    Dir { mode: u32 },
-    File { data: Vec<u8>, mode: u32 },
-    Symlink { target: String },
-}
-
-/// Collects a layer's entries; [`LayerBuilder::build`] writes them as a deterministic tar.gz.
-///
-/// Paths are relative to the image root (a leading `/` is ignored). Missing parent
-/// directories are added with mode 0755.
-#[derive(Debug, Clone, Default)]
-pub struct LayerBuilder {
-    // Sorted by path, so a parent always comes before its children and the tar is reproducible.
-    entries: BTreeMap<String, Entry>,
-}
-
-impl LayerBuilder {
-    /// An empty layer.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds a directory.
-    pub fn dir(&mut self, path: &str, mode: u32) -> Result<&mut Self> {
-        self.insert(path, Entry::Dir { mode })
-    }
-
-    /// Adds a regular file.
-    pub fn file(&mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) -> Result<&mut Self> {
-        let data = data.into();
-        self.insert(path, Entry::File { data, mode })
-    }
-
-    /// Adds a symbolic link pointing at `target` (taken verbatim, as `ln -s` would).
-    pub fn symlink(&mut self, path: &str, target: &str) -> Result<&mut Self> {
-        let target = target.to_owned();
-        self.insert(path, Entry::Symlink { target })
-    }
-
-    fn insert(&mut self, path: &str, entry: Entry) -> Result<&mut Self> {
-        let path = normalize(path)?;
-        if self.entries.contains_key(&path) {
-            return Err(Error::DuplicatePath { path });
-        }
-        self.entries.insert(path, entry);
-        Ok(self)
-    }
-
-    /// Writes the tar (mtime 0, uid/gid 0, sorted), hashes it, and gzips it.
-    pub fn build(&self) -> Result<Layer> {
-        let entries = self.with_parents()?;
-        let mut tar = tar::Builder::new(Vec::new());
-        for (path, entry) in &entries {
-            append(&mut tar, path, entry).map_err(|source| Error::Archive {
-                action: "writing",
-                path: path.clone(),
-                source,
-            })?;
-        }
-        let archive_err = |source| Error::Archive { action: "finishing", path: String::new(), source };
-        let uncompressed = tar.into_inner().map_err(archive_err)?;
-        let diff_id = Digest::of(&uncompressed);
-        // A fixed mtime in the gzip header too; flate2 writes a fixed OS byte.
-        let mut gz = flate2::GzBuilder::new().mtime(0).write(Vec::new(), Compression::default());
-        gz.write_all(&uncompressed).map_err(archive_err)?;
-        let compressed = gz.finish().map_err(archive_err)?;
-        Ok(Layer { blob: Blob::new(OCI_LAYER_GZIP, compressed), diff_id })
-    }
-
-    /// The entries plus every missing parent directory; a parent that is not a directory is
-    /// an error, since the tar would not unpack.
-    fn with_parents(&self) -> Result<BTreeMap<String, Entry>> {
-        let mut all = self.entries.clone();
-        for path in self.entries.keys() {
-            let mut parent = path.as_str();
-            while let Some((p, _)) = parent.rsplit_once('/') {
-                parent = p;
-                match all.get(parent) {
-                    None => {
-                        all.insert(parent.to_owned(), Entry::Dir { mode: 0o755 });
-                    }
-                    Some(Entry::Dir { .. }) => {}
-                    Some(_) => {
-                        return Err(Error::ParentNotDirectory {
-                            path: path.clone(),
-                            parent: parent.to_owned(),
-                        });
-                    }
-                }
-            }
-        }
-        Ok(all)
-    }
-}
-
-/// `a/b/c` from `/a/b/c` or `a/b/c/`; refuses anything that could escape the image root.
-fn normalize(path: &str) -> Result<String> {
-    let bad = |reason| Error::InvalidPath { path: path.to_owned(), reason };
-    let trimmed = path.trim_start_matches('/').trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Err(bad("empty, or the image root itself"));
-    }
-    for part in trimmed.split('/') {
-        match part {
-            "" => return Err(bad("empty component")),
-            "." | ".." => return Err(bad("`.` and `..` are not allowed")),
-            _ => {}
-        }
-    }
-    Ok(trimmed.to_owned())
-}
-
-fn append(tar: &mut tar::Builder<Vec<u8>>, path: &str, entry: &Entry) -> io::Result<()> {
-    let mut header = tar::Header::new_gnu();
-    header.set_mtime(0);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_size(0);
-    match entry {
-        Entry::Dir { mode } => {
-            header.set_entry_type(tar::EntryType::Directory);
-            header.set_mode(*mode);
-            tar.append_data(&mut header, format!("{path}/"), io::empty())
-        }
-        Entry::File { data, mode } => {
-            header.set_entry_type(tar::EntryType::Regular);
-            header.set_mode(*mode);
-            header.set_size(data.len() as u64);
-            tar.append_data(&mut header, path, data.as_slice())
-        }
-        Entry::Symlink { target } => {
-            header.set_entry_type(tar::EntryType::Symlink);
-            header.set_mode(0o777);
-            tar.append_link(&mut header, path, target)
-        }
-    }
-}
-
 /// What a container runs, as settable in the image config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageConfig {
@@ -474,67 +328,6 @@ pub fn build_image(layers: Vec<Layer>, config: &ImageConfig) -> Result<Image> {
     let manifest =
         serde_json::to_vec(&manifest).map_err(|source| Error::Json { what: "image manifest", source })?;
     Ok(Image { digest: Digest::of(&manifest), layers, config, manifest })
-}
-
-/// Whether the host has the busybox the ready-made images need.
-pub fn busybox_available() -> bool {
-    Path::new(BUSYBOX).is_file()
-}
-
-/// The base layer of both ready-made images: the host's static busybox as `/bin/busybox`, a
-/// symlink in `/bin` for every applet it lists, `/tmp`, and a root user in `/etc`.
-pub fn busybox_layer() -> Result<Layer> {
-    let path = Path::new(BUSYBOX);
-    let host_err = |action| move |source| Error::HostFile { action, path: path.to_owned(), source };
-    let binary = std::fs::read(path).map_err(host_err("reading"))?;
-    let out = std::process::Command::new(path).arg("--list").output().map_err(host_err("running"))?;
-    if !out.status.success() {
-        return Err(Error::BusyboxList {
-            path: path.to_owned(),
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    let mut layer = LayerBuilder::new();
-    layer.file("bin/busybox", binary, 0o755)?;
-    let list = String::from_utf8_lossy(&out.stdout);
-    // A name with a slash would not be an applet; skip it rather than fail on an odd build.
-    for applet in list.lines().map(str::trim) {
-        if !applet.is_empty() && applet != "busybox" && !applet.contains('/') {
-            layer.symlink(&format!("bin/{applet}"), "busybox")?;
-        }
-    }
-    layer
-        .dir("tmp", 0o1777)?
-        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644)?
-        .file("etc/group", "root:x:0:\n", 0o644)?
-        .dir("root", 0o700)?;
-    layer.build()
-}
-
-/// A busybox shell image; its default command is `sh`.
-pub fn shell_image() -> Result<Image> {
-    let config = ImageConfig {
-        cmd: vec!["sh".to_owned()],
-        env: vec![DEFAULT_PATH.to_owned()],
-        ..ImageConfig::default()
-    };
-    build_image(vec![busybox_layer()?], &config)
-}
-
-/// A busybox httpd serving [`HTTPD_INDEX`] at `/` on port [`HTTPD_PORT`]; the busybox base
-/// layer is the shell image's, so a push after the shell image uploads only the `/www` layer.
-pub fn httpd_image() -> Result<Image> {
-    let mut www = LayerBuilder::new();
-    www.dir("www", 0o755)?.file("www/index.html", HTTPD_INDEX, 0o644)?;
-    let port = HTTPD_PORT.to_string();
-    let config = ImageConfig {
-        cmd: ["/bin/busybox", "httpd", "-f", "-p", port.as_str(), "-h", "/www"].map(str::to_owned).to_vec(),
-        env: vec![DEFAULT_PATH.to_owned()],
-        working_dir: Some("/www".to_owned()),
-        ..ImageConfig::default()
-    };
-    build_image(vec![busybox_layer()?, www.build()?], &config)
 }
 
 fn unpack_err(source: io::Error) -> Error {
