@@ -48,15 +48,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The process could not be started.
-    #[error("starting {program}: {source}")]
-    Spawn {
-        /// The program run.
-        program: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
     /// The registry exited before answering.
     #[error("registry for {addr} exited before it was ready ({status}); log tail:\n{log_tail}")]
     Exited {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use support::{BIN, Pki, Signer, init_crypto, write_mode};
 use x509_parser::prelude::*;
 
-fn serve_once(pki: &Pki, extra: &[&str]) -> std::process::Output {
-    Command::new(BIN).args(pki.serve_args()).args(extra).stdin(Stdio::null()).output().expect("run signer")
+fn serve_once(pki: &Pki) -> std::process::Output {
+    Command::new(BIN).args(pki.serve_args()).stdin(Stdio::null()).output().expect("run signer")
 }
 
 #[test]
@@ -18,7 +18,7 @@ fn refuses_to_start_with_a_group_readable_ca_key() {
     let pki = Pki::new();
     std::fs::set_permissions(&pki.serving_ca_key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .expect("chmod");
-    let out = serve_once(&pki, &[]);
+    let out = serve_once(&pki);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("0644") && stderr.contains("chmod 600"), "the message names the fix: {stderr}");
@@ -31,7 +31,7 @@ fn refuses_to_start_with_a_ca_key_under_the_shared_directory() {
     let shared_key = pki.shared_dir.join("client-ca.key");
     write_mode(&shared_key, &std::fs::read(&pki.client_ca_key).expect("read"), 0o600);
     pki.client_ca_key = shared_key;
-    let out = serve_once(&pki, &[]);
+    let out = serve_once(&pki);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("shared directory"), "{stderr}");
@@ -42,7 +42,7 @@ fn refuses_to_start_with_a_ca_key_under_the_shared_directory() {
 fn refuses_a_ca_key_that_does_not_match_its_certificate() {
     let mut pki = Pki::new();
     pki.serving_ca_key = pki.client_ca_key.clone();
-    let out = serve_once(&pki, &[]);
+    let out = serve_once(&pki);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("does not belong"), "{stderr}");
