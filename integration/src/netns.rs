@@ -135,6 +135,60 @@ impl Drop for TestNetwork {
     }
 }
 
+/// Removes what crashed harness runs left (a test process killed with SIGKILL cannot run its
+/// Drop): stops the processes inside `hpkt-*` namespaces and registries by PID, deletes those
+/// namespaces, the harness's temporary directories and the `hpktb*` bridges. Only for when no
+/// harness is running. Returns what it removed.
+pub fn sweep() -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for line in ip(&["netns", "list"])?.lines() {
+        let Some(ns) = line.split_whitespace().next().filter(|n| n.starts_with(&format!("{NAME_PREFIX}-")))
+        else {
+            continue;
+        };
+        let mut pids: Vec<i32> =
+            ip(&["netns", "pids", ns])?.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        // Newest first, like an orderly teardown: the API server must not outlive etcd waiting.
+        pids.sort_unstable_by(|a, b| b.cmp(a));
+        for pid in pids {
+            crate::process::stop_pid(pid);
+            removed.push(format!("process {pid} in {ns}"));
+        }
+        ip(&["netns", "del", ns])?;
+        removed.push(format!("namespace {ns}"));
+    }
+    // Registries on loopback live in no test namespace: find them by their config's path.
+    let tmp = std::env::temp_dir();
+    let registry_dirs = tmp.join("hpk-registry-").display().to_string();
+    for entry in std::fs::read_dir("/proc").map_err(|e| Error::io("list", "/proc", e))?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&registry_dirs) {
+            crate::process::stop_pid(pid);
+            removed.push(format!("registry process {pid}"));
+        }
+    }
+    for entry in std::fs::read_dir(&tmp).map_err(|e| Error::io("list", tmp.display(), e))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("hpk-testcluster-") || name.starts_with("hpk-registry-")) {
+            continue;
+        }
+        // Directories of runs, and the pid file of a killed `up`.
+        let path = entry.path();
+        let result = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        result.map_err(|e| Error::io("remove", path.display(), e))?;
+        removed.push(path.display().to_string());
+    }
+    for line in ip(&["-o", "link", "show", "type", "bridge"])?.lines() {
+        let name = line.split(':').nth(1).map(str::trim).unwrap_or_default();
+        if name.starts_with(&format!("{NAME_PREFIX}b")) {
+            ip(&["link", "del", name])?;
+            removed.push(format!("bridge {name}"));
+        }
+    }
+    Ok(removed)
+}
+
 /// Picks a /24 in 10.250.0.0/16 that no interface of this machine uses, starting at `seed`.
 fn free_subnet(seed: u32) -> Result<[u8; 3]> {
     let out = run(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;

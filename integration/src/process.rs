@@ -91,6 +91,23 @@ impl Process {
     }
 }
 
+/// Stops a process that is not our child (left by a crashed run): SIGTERM, then SIGKILL after
+/// [`STOP_GRACE`].
+pub fn stop_pid(pid: i32) {
+    let target = Pid::from_raw(pid);
+    if kill(target, Signal::SIGTERM).is_err() {
+        return; // already gone
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        if kill(target, None).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = kill(target, Signal::SIGKILL);
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         self.stop();

@@ -29,6 +29,9 @@ enum Command {
     },
     /// Stop the cluster an `up` started (SIGTERM to its PID) and wait until it has cleaned up.
     Down,
+    /// Remove what killed harness runs left behind (processes in `hpkt-*` namespaces, the
+    /// namespaces, `hpktb*` bridges). Only while no test or `up` is running.
+    Sweep,
 }
 
 fn pid_file() -> PathBuf {
@@ -93,6 +96,12 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Up { nodes } => up(nodes).await,
         Command::Down => down(),
+        Command::Sweep => hpk_integration::netns::sweep().map_err(Into::into).map(|removed| {
+            for thing in &removed {
+                println!("removed {thing}");
+            }
+            println!("{} left-overs removed", removed.len());
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
