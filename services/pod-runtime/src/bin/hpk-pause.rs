@@ -1,0 +1,2 @@
+//! hpk-pause: PID 1 of a sandbox (in progress).
+fn main() {}

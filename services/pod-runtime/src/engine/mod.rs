@@ -1,0 +1,1 @@
+//! The crun engine (in progress).

@@ -1,0 +1,1 @@
+//! The OCI image store (in progress).

@@ -1,0 +1,1 @@
+//! The logic of hpk-pause (in progress).
