@@ -45,7 +45,9 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
 
     let signer = Service(Arc::new(Signer { policy, serving, client, max_validity: args.max_validity }));
     let grpc = CertSignerServer::new(signer).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let services = Services::new().with(InterceptedService::new(grpc, RequireToken::new(&token)));
+    let services = Services::new()
+        .with(InterceptedService::new(grpc, RequireToken::new(&token)))
+        .describe(hpk_proto::FILE_DESCRIPTOR_SET);
     hpk_rpc::serve(listener, services, shutdown).await?;
     if let Some(path) = &args.address_file {
         let _ = std::fs::remove_file(path);

@@ -72,9 +72,10 @@ pub struct Services {
 }
 
 impl Services {
-    /// An empty set; HPK's own descriptors are registered for reflection.
+    /// An empty set. Reflection lists every service of every registered descriptor set, so
+    /// each server registers (with [`Services::describe`]) only the contracts it serves.
     pub fn new() -> Self {
-        Self { descriptor_sets: vec![hpk_proto::FILE_DESCRIPTOR_SET], ..Self::default() }
+        Self::default()
     }
 
     /// Adds a service; health reports it SERVING while the server runs.
@@ -94,7 +95,7 @@ impl Services {
         self
     }
 
-    /// Registers an encoded `FileDescriptorSet` for reflection (contracts not defined by HPK).
+    /// Registers an encoded `FileDescriptorSet` for reflection.
     pub fn describe(mut self, descriptor_set: &'static [u8]) -> Self {
         self.descriptor_sets.push(descriptor_set);
         self
