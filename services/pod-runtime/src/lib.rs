@@ -1,10 +1,15 @@
 //! hpk-pod-runtime: turns "run this pod" into sandboxes and containers in a bubble.
 //!
-//! Work in progress toward a CRI v1 runtime (issue 4). What exists:
-//! - [`pause`]: the logic of `hpk-pause`, PID 1 of every sandbox.
+//! A CRI v1 runtime (issue 4, in progress):
+//! - [`server`]: `run` — the CRI `RuntimeService` and `ImageService` on a UNIX socket.
+//! - [`cri`]: the gRPC adapters; [`runtime`]: sandboxes, containers, their exits.
+//! - [`engine`]: the crun engine: OCI bundles, overlay roots, CRI logs, the mount namespace.
 //! - [`images`]: the OCI image store of the crun engine.
-//! - [`engine`]: the crun engine: OCI bundles for sandboxes and containers.
+//! - [`pause`]: the logic of `hpk-pause`, PID 1 of every sandbox.
 
+pub mod cri;
 pub mod engine;
 pub mod images;
 pub mod pause;
+pub mod runtime;
+pub mod server;

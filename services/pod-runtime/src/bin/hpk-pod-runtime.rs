@@ -1,0 +1,50 @@
+//! `hpk-pod-runtime`: the CRI v1 runtime of a bubble.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use hpk_pod_runtime::server::ServeArgs;
+use hpk_rpc::telemetry::LogFormat;
+
+/// The CRI v1 runtime of an HPK bubble: sandboxes held by hpk-pause, containers run by crun.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Log output format.
+    #[arg(long, env = "HPK_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let mut cli = Cli::parse();
+    hpk_rpc::telemetry::init(cli.log_format);
+    // Before any thread exists: a multi-threaded process cannot unshare its mount namespace.
+    match hpk_pod_runtime::engine::enter_private_mount_namespace() {
+        Ok(mode) => cli.serve.cgroup_mode = mode,
+        Err(e) => {
+            eprintln!("hpk-pod-runtime: {e}");
+            return ExitCode::from(78);
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hpk-pod-runtime: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = hpk_rpc::shutdown::on_signal().map_err(|e| e.to_string())?;
+        hpk_pod_runtime::server::run(cli.serve, shutdown).await.map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "hpk-pod-runtime failed");
+            eprintln!("hpk-pod-runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

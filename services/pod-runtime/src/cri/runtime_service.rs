@@ -1,0 +1,249 @@
+use std::sync::Arc;
+
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_server::RuntimeService;
+use tonic::{Request, Response, Status};
+
+use super::{CRI_VERSION, RUNTIME_NAME, unimplemented};
+
+/// `runtime.v1.RuntimeService`.
+#[derive(Clone)]
+pub struct Runtime(pub Arc<crate::runtime::Runtime>);
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl RuntimeService for Runtime {
+    async fn version(&self, _: Request<cri::VersionRequest>) -> Reply<cri::VersionResponse> {
+        Ok(Response::new(cri::VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: RUNTIME_NAME.into(),
+            runtime_version: env!("CARGO_PKG_VERSION").into(),
+            runtime_api_version: CRI_VERSION.into(),
+        }))
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        r: Request<cri::RunPodSandboxRequest>,
+    ) -> Reply<cri::RunPodSandboxResponse> {
+        let config =
+            r.into_inner().config.ok_or_else(|| Status::invalid_argument("RunPodSandbox needs a config"))?;
+        let pod_sandbox_id = self.0.run_sandbox(config).await?;
+        Ok(Response::new(cri::RunPodSandboxResponse { pod_sandbox_id }))
+    }
+
+    async fn stop_pod_sandbox(
+        &self,
+        r: Request<cri::StopPodSandboxRequest>,
+    ) -> Reply<cri::StopPodSandboxResponse> {
+        self.0.stop_sandbox(&r.into_inner().pod_sandbox_id).await?;
+        Ok(Response::new(cri::StopPodSandboxResponse {}))
+    }
+
+    async fn remove_pod_sandbox(
+        &self,
+        r: Request<cri::RemovePodSandboxRequest>,
+    ) -> Reply<cri::RemovePodSandboxResponse> {
+        self.0.remove_sandbox(&r.into_inner().pod_sandbox_id).await?;
+        Ok(Response::new(cri::RemovePodSandboxResponse {}))
+    }
+
+    async fn pod_sandbox_status(
+        &self,
+        r: Request<cri::PodSandboxStatusRequest>,
+    ) -> Reply<cri::PodSandboxStatusResponse> {
+        let status = self.0.sandbox_status(&r.into_inner().pod_sandbox_id).await?;
+        Ok(Response::new(cri::PodSandboxStatusResponse { status: Some(status), ..Default::default() }))
+    }
+
+    async fn list_pod_sandbox(
+        &self,
+        r: Request<cri::ListPodSandboxRequest>,
+    ) -> Reply<cri::ListPodSandboxResponse> {
+        let items = self.0.list_sandboxes(r.into_inner().filter).await;
+        Ok(Response::new(cri::ListPodSandboxResponse { items }))
+    }
+
+    async fn create_container(
+        &self,
+        r: Request<cri::CreateContainerRequest>,
+    ) -> Reply<cri::CreateContainerResponse> {
+        let r = r.into_inner();
+        let config = r.config.ok_or_else(|| Status::invalid_argument("CreateContainer needs a config"))?;
+        let container_id = self.0.create_container(&r.pod_sandbox_id, config).await?;
+        Ok(Response::new(cri::CreateContainerResponse { container_id }))
+    }
+
+    async fn start_container(
+        &self,
+        r: Request<cri::StartContainerRequest>,
+    ) -> Reply<cri::StartContainerResponse> {
+        self.0.start_container(&r.into_inner().container_id).await?;
+        Ok(Response::new(cri::StartContainerResponse {}))
+    }
+
+    async fn stop_container(
+        &self,
+        r: Request<cri::StopContainerRequest>,
+    ) -> Reply<cri::StopContainerResponse> {
+        let r = r.into_inner();
+        self.0.stop_container(&r.container_id, r.timeout).await?;
+        Ok(Response::new(cri::StopContainerResponse {}))
+    }
+
+    async fn remove_container(
+        &self,
+        r: Request<cri::RemoveContainerRequest>,
+    ) -> Reply<cri::RemoveContainerResponse> {
+        self.0.remove_container(&r.into_inner().container_id).await?;
+        Ok(Response::new(cri::RemoveContainerResponse {}))
+    }
+
+    async fn list_containers(
+        &self,
+        r: Request<cri::ListContainersRequest>,
+    ) -> Reply<cri::ListContainersResponse> {
+        let containers = self.0.list_containers(r.into_inner().filter).await;
+        Ok(Response::new(cri::ListContainersResponse { containers }))
+    }
+
+    async fn container_status(
+        &self,
+        r: Request<cri::ContainerStatusRequest>,
+    ) -> Reply<cri::ContainerStatusResponse> {
+        let status = self.0.container_status(&r.into_inner().container_id).await?;
+        Ok(Response::new(cri::ContainerStatusResponse { status: Some(status), ..Default::default() }))
+    }
+
+    async fn status(&self, _: Request<cri::StatusRequest>) -> Reply<cri::StatusResponse> {
+        let condition = |kind: &str, status: bool, reason: &str, message: String| cri::RuntimeCondition {
+            r#type: kind.into(),
+            status,
+            reason: reason.into(),
+            message,
+        };
+        let limits = crate::engine::limits_not_enforced(self.0.cgroup_mode());
+        let info = [("limitsNotEnforced".to_owned(), limits.join("; "))].into_iter().collect();
+        Ok(Response::new(cri::StatusResponse {
+            status: Some(cri::RuntimeStatus {
+                conditions: vec![
+                    condition("RuntimeReady", true, "", String::new()),
+                    condition(
+                        "NetworkReady",
+                        true,
+                        "LoopbackOnly",
+                        "sandboxes get a loopback-only network until hpk-net-forwarder provides pod networking".into(),
+                    ),
+                ],
+            }),
+            info,
+            ..Default::default()
+        }))
+    }
+
+    async fn update_container_resources(
+        &self,
+        _: Request<cri::UpdateContainerResourcesRequest>,
+    ) -> Reply<cri::UpdateContainerResourcesResponse> {
+        Err(Status::failed_precondition(crate::engine::limits_not_enforced(self.0.cgroup_mode()).join("; ")))
+    }
+
+    async fn reopen_container_log(
+        &self,
+        _: Request<cri::ReopenContainerLogRequest>,
+    ) -> Reply<cri::ReopenContainerLogResponse> {
+        unimplemented("ReopenContainerLog")
+    }
+
+    async fn exec_sync(&self, _: Request<cri::ExecSyncRequest>) -> Reply<cri::ExecSyncResponse> {
+        unimplemented("ExecSync")
+    }
+
+    async fn exec(&self, _: Request<cri::ExecRequest>) -> Reply<cri::ExecResponse> {
+        unimplemented("Exec")
+    }
+
+    async fn attach(&self, _: Request<cri::AttachRequest>) -> Reply<cri::AttachResponse> {
+        unimplemented("Attach")
+    }
+
+    async fn port_forward(&self, _: Request<cri::PortForwardRequest>) -> Reply<cri::PortForwardResponse> {
+        unimplemented("PortForward")
+    }
+
+    async fn container_stats(
+        &self,
+        _: Request<cri::ContainerStatsRequest>,
+    ) -> Reply<cri::ContainerStatsResponse> {
+        unimplemented("ContainerStats")
+    }
+
+    async fn list_container_stats(
+        &self,
+        _: Request<cri::ListContainerStatsRequest>,
+    ) -> Reply<cri::ListContainerStatsResponse> {
+        unimplemented("ListContainerStats")
+    }
+
+    async fn pod_sandbox_stats(
+        &self,
+        _: Request<cri::PodSandboxStatsRequest>,
+    ) -> Reply<cri::PodSandboxStatsResponse> {
+        unimplemented("PodSandboxStats")
+    }
+
+    async fn list_pod_sandbox_stats(
+        &self,
+        _: Request<cri::ListPodSandboxStatsRequest>,
+    ) -> Reply<cri::ListPodSandboxStatsResponse> {
+        unimplemented("ListPodSandboxStats")
+    }
+
+    async fn update_runtime_config(
+        &self,
+        _: Request<cri::UpdateRuntimeConfigRequest>,
+    ) -> Reply<cri::UpdateRuntimeConfigResponse> {
+        // The kubelet sends the node's pod CIDR here; the net-forwarder will take it.
+        Ok(Response::new(cri::UpdateRuntimeConfigResponse {}))
+    }
+
+    async fn checkpoint_container(
+        &self,
+        _: Request<cri::CheckpointContainerRequest>,
+    ) -> Reply<cri::CheckpointContainerResponse> {
+        unimplemented("CheckpointContainer")
+    }
+
+    type GetContainerEventsStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send>,
+    >;
+
+    async fn get_container_events(
+        &self,
+        _: Request<cri::GetEventsRequest>,
+    ) -> Reply<Self::GetContainerEventsStream> {
+        unimplemented("GetContainerEvents")
+    }
+
+    async fn list_metric_descriptors(
+        &self,
+        _: Request<cri::ListMetricDescriptorsRequest>,
+    ) -> Reply<cri::ListMetricDescriptorsResponse> {
+        unimplemented("ListMetricDescriptors")
+    }
+
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _: Request<cri::ListPodSandboxMetricsRequest>,
+    ) -> Reply<cri::ListPodSandboxMetricsResponse> {
+        unimplemented("ListPodSandboxMetrics")
+    }
+
+    async fn runtime_config(
+        &self,
+        _: Request<cri::RuntimeConfigRequest>,
+    ) -> Reply<cri::RuntimeConfigResponse> {
+        Ok(Response::new(cri::RuntimeConfigResponse::default()))
+    }
+}

@@ -1,0 +1,141 @@
+//! Invoking crun: create, start, state, kill, delete.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Deserialize;
+
+use super::error::run;
+use super::{Error, Result};
+
+/// crun with our global options: a private state directory and no cgroup manager.
+#[derive(Clone, Debug)]
+pub struct Crun {
+    binary: PathBuf,
+    state_root: PathBuf,
+    prefix: Vec<OsString>,
+}
+
+/// What `crun state` reports.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct ContainerState {
+    /// `created`, `running`, `stopped`, or `paused`.
+    pub status: String,
+    /// Host PID of the container's init (0 once stopped).
+    #[serde(default)]
+    pub pid: u32,
+}
+
+impl Crun {
+    /// crun from PATH keeping its state under `state_root`.
+    pub fn new(state_root: &Path) -> Self {
+        Self { binary: PathBuf::from("crun"), state_root: state_root.to_owned(), prefix: Vec::new() }
+    }
+
+    /// Runs crun (and mounts) through `prefix`, e.g. `nsenter --mount=/proc/N/ns/mnt --`, when
+    /// the mount namespace prepared for containers is not our own (tests).
+    pub fn with_prefix(mut self, prefix: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.prefix = prefix.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The same crun, run inside the PID namespace of `pause_pid` (a sandbox's hpk-pause).
+    ///
+    /// A container's init is forked by crun; when crun exits, the kernel gives the orphan to
+    /// the reaper of *crun's* PID namespace. Run from the host's namespace that is the host's
+    /// init, and the exit status is lost; run from inside the sandbox it is hpk-pause, which
+    /// reaps it and reports the status. crun then also records PIDs as the sandbox sees them,
+    /// the numbers hpk-pause reports.
+    pub fn in_pid_namespace(&self, pause_pid: u32) -> Self {
+        let mut inner = self.clone();
+        inner.prefix.extend([
+            "nsenter".into(),
+            format!("--pid=/proc/{pause_pid}/ns/pid").into(),
+            "--".into(),
+        ]);
+        inner
+    }
+
+    /// A command run through the prefix.
+    pub fn prefixed(&self, program: impl Into<OsString>) -> Command {
+        let mut all = self.prefix.clone();
+        all.push(program.into());
+        let mut cmd = Command::new(&all[0]);
+        cmd.args(&all[1..]);
+        cmd
+    }
+
+    /// Runs `program args` through the prefix to completion.
+    pub fn run_prefixed(&self, program: &str, args: &[&str]) -> Result<Vec<u8>> {
+        run(self.prefixed(program).args(args))
+    }
+
+    fn crun(&self) -> Command {
+        let mut cmd = self.prefixed(self.binary.clone());
+        cmd.arg("--root").arg(&self.state_root).arg("--cgroup-manager=disabled");
+        cmd
+    }
+
+    /// `crun create`: the container's stdout and stderr are `stdout`/`stderr`; crun's own
+    /// messages go to `bundle/crun.log`, quoted in the error if creation fails.
+    pub fn create(&self, id: &str, bundle: &Path, stdout: Stdio, stderr: Stdio) -> Result<()> {
+        let log = bundle.join("crun.log");
+        let status = self
+            .crun()
+            .arg(format!("--log=file:{}", log.display()))
+            .args(["create", "--bundle"])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .status()
+            .map_err(|e| Error::io("run crun create for", bundle, e))?;
+        if !status.success() {
+            return Err(Error::Command {
+                command: format!("crun create {id}"),
+                status: status.to_string(),
+                stderr: std::fs::read_to_string(&log).unwrap_or_default().trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `crun start`.
+    pub fn start(&self, id: &str) -> Result<()> {
+        run(self.crun().args(["start", id])).map(drop)
+    }
+
+    /// `crun state`; `None` if crun does not know the container.
+    pub fn state(&self, id: &str) -> Result<Option<ContainerState>> {
+        match run(self.crun().args(["state", id])) {
+            Ok(out) => serde_json::from_slice(&out).map(Some).map_err(|e| Error::Parse(e.to_string())),
+            // A container being deleted loses its status file before its directory.
+            Err(Error::Command { stderr, .. })
+                if stderr.contains("does not exist") || stderr.contains("No such file or directory") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `crun kill ID SIGNAL`.
+    pub fn kill(&self, id: &str, signal: &str) -> Result<()> {
+        run(self.crun().args(["kill", id, signal])).map(drop)
+    }
+
+    /// `crun delete [--force] ID`; a container crun does not know is already deleted.
+    pub fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let mut cmd = self.crun();
+        cmd.arg("delete");
+        if force {
+            cmd.arg("--force");
+        }
+        match run(cmd.arg(id)) {
+            Err(Error::Command { stderr, .. }) if stderr.contains("does not exist") => Ok(()),
+            other => other.map(drop),
+        }
+    }
+}

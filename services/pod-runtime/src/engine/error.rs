@@ -1,0 +1,64 @@
+use std::path::PathBuf;
+
+/// What can go wrong running sandboxes and containers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// crun (or mount) failed.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// Its stderr.
+        stderr: String,
+    },
+    /// A file operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// crun's answer could not be understood.
+    #[error("unexpected output from crun: {0}")]
+    Parse(String),
+    /// A path given for a mount or a log escapes its directory.
+    #[error("path {path:?} escapes {base}")]
+    PathEscapes {
+        /// The path given.
+        path: String,
+        /// The directory it must stay in.
+        base: PathBuf,
+    },
+    /// An identifier is not usable as a container ID or directory name.
+    #[error("invalid identifier {0:?}: use letters, digits, '-', '_' and '.'")]
+    BadId(String),
+}
+
+/// Result with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { action, path: path.into(), source }
+    }
+}
+
+/// Runs a command to completion; a non-zero exit is an error with its stderr.
+pub(crate) fn run(cmd: &mut std::process::Command) -> Result<Vec<u8>> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| Error::io("run", shown.clone(), e))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: shown,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(out.stdout)
+}

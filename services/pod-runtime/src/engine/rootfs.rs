@@ -1,0 +1,52 @@
+//! Container root filesystems: an overlay of the image's layers with a writable layer of the
+//! container's own.
+
+use std::path::{Path, PathBuf};
+
+use super::error::run;
+use super::{Crun, Error, Result};
+
+/// An overlay mount for one container.
+#[derive(Clone, Debug)]
+pub struct Overlay {
+    /// Where it is mounted (the bundle's rootfs).
+    pub target: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+    lowers: Vec<PathBuf>,
+}
+
+impl Overlay {
+    /// An overlay in `dir` (creating `rootfs`, `upper`, `work` there) over `lowers`, top-most
+    /// first.
+    pub fn new(dir: &Path, lowers: Vec<PathBuf>) -> Result<Self> {
+        let overlay =
+            Self { target: dir.join("rootfs"), upper: dir.join("upper"), work: dir.join("work"), lowers };
+        for d in [&overlay.target, &overlay.upper, &overlay.work] {
+            std::fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
+        }
+        Ok(overlay)
+    }
+
+    /// Mounts it (through crun's prefix, so in the containers' mount namespace). `userxattr`
+    /// makes overlayfs read whiteouts and opaque markers from `user.overlay.*`, which works
+    /// inside a user namespace and as root alike.
+    pub fn mount(&self, crun: &Crun) -> Result<()> {
+        let lower = self.lowers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+        let options = format!(
+            "lowerdir={lower},upperdir={},workdir={},userxattr",
+            self.upper.display(),
+            self.work.display()
+        );
+        run(crun.prefixed("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(&self.target))
+            .map(drop)
+    }
+
+    /// Unmounts it; not mounted is fine.
+    pub fn unmount(&self, crun: &Crun) -> Result<()> {
+        match run(crun.prefixed("umount").arg(&self.target)) {
+            Err(Error::Command { stderr, .. }) if stderr.contains("not mounted") => Ok(()),
+            other => other.map(drop),
+        }
+    }
+}

@@ -1,1 +1,0 @@
-//! The logic of hpk-pause (in progress).

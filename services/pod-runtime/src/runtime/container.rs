@@ -1,0 +1,400 @@
+//! CreateContainer, StartContainer, StopContainer, RemoveContainer, ContainerStatus,
+//! ListContainers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use tokio::sync::watch;
+use tracing::info;
+
+use super::events::mark_exited;
+use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
+use crate::engine::{ContainerSpec, LogStream, Overlay, copy_lines};
+
+/// Largest environment plus arguments a container may get; past this, execve fails (E2BIG)
+/// inside the container where nobody sees why, so it is refused up front.
+const MAX_ARG_BYTES: usize = 1024 * 1024;
+
+impl Runtime {
+    /// Creates a container in a ready sandbox from a pulled image.
+    pub async fn create_container(&self, sandbox_id: &str, config: cri::ContainerConfig) -> Result<String> {
+        let sandbox_id = self.resolve_sandbox(sandbox_id).await?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Error::Invalid("container config has no metadata".into()))?;
+        if meta.name.is_empty() {
+            return Err(Error::Invalid("container metadata needs a name".into()));
+        }
+        if config.tty || config.stdin {
+            return Err(Error::Invalid("tty and stdin are not supported yet by hpk-pod-runtime".into()));
+        }
+        let (pause_pid, log_dir) = {
+            let state = self.state.lock().await;
+            let sandbox = state
+                .sandboxes
+                .get(&sandbox_id)
+                .ok_or_else(|| Error::NotFound { kind: "sandbox", id: sandbox_id.clone() })?;
+            if !sandbox.ready {
+                return Err(Error::FailedPrecondition(format!("sandbox {sandbox_id} is not ready")));
+            }
+            let clash = state
+                .containers
+                .values()
+                .find(|c| c.sandbox_id == sandbox_id && c.config.metadata.as_ref() == Some(&meta));
+            if let Some(existing) = clash {
+                return Err(Error::AlreadyExists(format!(
+                    "container {} attempt {} already exists in sandbox {sandbox_id} as {}",
+                    meta.name, meta.attempt, existing.id
+                )));
+            }
+            (sandbox.pause_pid, sandbox.config.log_directory.clone())
+        };
+        let image_ref = config.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
+        if image_ref.is_empty() {
+            return Err(Error::Invalid("container config names no image".into()));
+        }
+        let image = self
+            .images
+            .status(&image_ref)
+            .ok_or_else(|| Error::NotFound { kind: "image", id: image_ref.clone() })?;
+        let process = process_of(&config, &image.config)?;
+        let log_path = match (log_dir.is_empty(), config.log_path.is_empty()) {
+            (false, false) => Some(join_inside(std::path::Path::new(&log_dir), &config.log_path)?),
+            _ => None,
+        };
+        let mounts = mounts_of(&config)?;
+
+        let id = new_id()?;
+        let dir = self.container_dir(&id);
+        let layers = self.images.layers(&image);
+        let created =
+            self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, log_path.as_ref());
+        if let Err(err) = created {
+            let _ = self.crun_for(pause_pid).delete(&id, true);
+            if let Ok(overlay) = Overlay::new(&dir, vec![]) {
+                let _ = overlay.unmount(&self.crun);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(err);
+        }
+        let (exited, _) = watch::channel(false);
+        let container = Container {
+            id: id.clone(),
+            sandbox_id,
+            config,
+            image_ref,
+            image_id: image.id.clone(),
+            state: cri::ContainerState::ContainerCreated,
+            created_at: now_nanos(),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            log_path,
+            pause_pid,
+            sandbox_pid: None,
+            exited,
+        };
+        self.state.lock().await.containers.insert(id.clone(), container);
+        info!(container = %id, image = %image.id, "container created");
+        Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_in(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+        layers: Vec<PathBuf>,
+        pause_pid: u32,
+        process: Process,
+        mounts: Vec<(PathBuf, String, bool)>,
+        config: &cri::ContainerConfig,
+        log_path: Option<&PathBuf>,
+    ) -> Result<()> {
+        let overlay = Overlay::new(dir, layers)?;
+        overlay.mount(&self.crun)?;
+        let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
+        let spec = ContainerSpec {
+            id: id.to_owned(),
+            pause_pid,
+            rootfs: overlay.target.clone(),
+            args: process.args,
+            env: process.env,
+            cwd: process.cwd,
+            uid: process.uid,
+            gid: process.gid,
+            mounts,
+            readonly_rootfs: security.is_some_and(|s| s.readonly_rootfs),
+        };
+        spec.write_bundle(&dir.join("bundle"))?;
+        let log_file = match log_path {
+            Some(path) => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
+                }
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| Error::io("open", path, e))?
+            }
+            None => std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .map_err(|e| Error::io("open", "/dev/null", e))?,
+        };
+        let log = Arc::new(StdMutex::new(log_file));
+        let (out_r, out_w) = std::io::pipe().map_err(|e| Error::io("create", "stdout pipe", e))?;
+        let (err_r, err_w) = std::io::pipe().map_err(|e| Error::io("create", "stderr pipe", e))?;
+        for (reader, stream) in [(out_r, LogStream::Stdout), (err_r, LogStream::Stderr)] {
+            let receiver =
+                tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
+                    .map_err(|e| Error::io("watch", "log pipe", e))?;
+            tokio::spawn(copy_lines(receiver, stream, log.clone()));
+        }
+        self.crun_for(pause_pid).create(id, &dir.join("bundle"), out_w.into(), err_w.into())?;
+        Ok(())
+    }
+
+    pub(crate) async fn resolve_container(&self, wanted: &str) -> Result<String> {
+        let state = self.state.lock().await;
+        resolve(state.containers.keys(), wanted, "container")
+    }
+
+    /// Starts a created container.
+    pub async fn start_container(&self, wanted: &str) -> Result<()> {
+        let id = self.resolve_container(wanted).await?;
+        let crun = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&id)
+                .ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+            if c.state != cri::ContainerState::ContainerCreated {
+                return Err(Error::FailedPrecondition(format!("container {id} is not in the created state")));
+            }
+            self.crun_for(c.pause_pid)
+        };
+        // The init exists (waiting for start) since create: learn its PID in the sandbox now,
+        // so an exit reported right after start is matched to it.
+        let sandbox_pid =
+            crun.state(&id)?.map(|s| s.pid).filter(|pid| *pid > 0).and_then(|pid| i32::try_from(pid).ok());
+        crun.start(&id)?;
+        let mut state = self.state.lock().await;
+        let super::State { sandboxes, containers } = &mut *state;
+        let c =
+            containers.get_mut(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+        c.state = cri::ContainerState::ContainerRunning;
+        c.started_at = now_nanos();
+        c.sandbox_pid = sandbox_pid;
+        let early = sandboxes
+            .get_mut(&c.sandbox_id)
+            .and_then(|s| sandbox_pid.and_then(|p| s.unclaimed_exits.remove(&p)));
+        if let Some(status) = early {
+            mark_exited(c, status, "");
+        }
+        info!(container = %id, ?sandbox_pid, "container started");
+        Ok(())
+    }
+
+    /// Stops a running container: SIGTERM, then SIGKILL after `timeout` seconds.
+    pub async fn stop_container(&self, wanted: &str, timeout: i64) -> Result<()> {
+        let id = self.resolve_container(wanted).await?;
+        let (mut exited, crun) = {
+            let state = self.state.lock().await;
+            let c = state
+                .containers
+                .get(&id)
+                .ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+            if c.state != cri::ContainerState::ContainerRunning {
+                return Ok(());
+            }
+            (c.exited.subscribe(), self.crun_for(c.pause_pid))
+        };
+        if timeout > 0 {
+            let _ = crun.kill(&id, "TERM");
+            let grace = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
+            if tokio::time::timeout(grace, exited.wait_for(|done| *done)).await.is_ok() {
+                return Ok(());
+            }
+        }
+        let _ = crun.kill(&id, "KILL");
+        tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|done| *done))
+            .await
+            .map_err(|_| Error::Timeout(format!("container {id} did not exit after SIGKILL")))?
+            .map_err(|_| Error::FailedPrecondition(format!("container {id} was removed while stopping")))?;
+        Ok(())
+    }
+
+    /// Removes a container (killing it if it runs) and its files. Unknown IDs succeed.
+    pub async fn remove_container(&self, wanted: &str) -> Result<()> {
+        let Ok(id) = self.resolve_container(wanted).await else { return Ok(()) };
+        self.stop_container(&id, 0).await?;
+        let pause_pid = self.state.lock().await.containers.get(&id).map(|c| c.pause_pid).unwrap_or(0);
+        self.crun_for(pause_pid).delete(&id, true)?;
+        let dir = self.container_dir(&id);
+        Overlay::new(&dir, vec![])?.unmount(&self.crun)?;
+        std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))?;
+        self.state.lock().await.containers.remove(&id);
+        info!(container = %id, "container removed");
+        Ok(())
+    }
+
+    /// The container's status.
+    pub async fn container_status(&self, wanted: &str) -> Result<cri::ContainerStatus> {
+        let id = self.resolve_container(wanted).await?;
+        let state = self.state.lock().await;
+        let c =
+            state.containers.get(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+        Ok(cri::ContainerStatus {
+            id: c.id.clone(),
+            metadata: c.config.metadata.clone(),
+            state: c.state as i32,
+            created_at: c.created_at,
+            started_at: c.started_at,
+            finished_at: c.finished_at,
+            exit_code: c.exit_code,
+            image: c.config.image.clone(),
+            image_ref: c.image_ref.clone(),
+            image_id: c.image_id.clone(),
+            reason: c.reason.clone(),
+            labels: c.config.labels.clone(),
+            annotations: c.config.annotations.clone(),
+            mounts: c.config.mounts.clone(),
+            log_path: c.log_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
+    /// Containers matching `filter`.
+    pub async fn list_containers(&self, filter: Option<cri::ContainerFilter>) -> Vec<cri::Container> {
+        let state = self.state.lock().await;
+        let empty = HashMap::new();
+        state
+            .containers
+            .values()
+            .filter(|c| match &filter {
+                None => true,
+                Some(f) => {
+                    (f.id.is_empty() || c.id.starts_with(&f.id))
+                        && (f.pod_sandbox_id.is_empty() || c.sandbox_id.starts_with(&f.pod_sandbox_id))
+                        && f.state.as_ref().is_none_or(|v| v.state == c.state as i32)
+                        && labels_match(
+                            &c.config.labels,
+                            if f.label_selector.is_empty() { &empty } else { &f.label_selector },
+                        )
+                }
+            })
+            .map(|c| cri::Container {
+                id: c.id.clone(),
+                pod_sandbox_id: c.sandbox_id.clone(),
+                metadata: c.config.metadata.clone(),
+                image: c.config.image.clone(),
+                image_ref: c.image_ref.clone(),
+                image_id: c.image_id.clone(),
+                state: c.state as i32,
+                created_at: c.created_at,
+                labels: c.config.labels.clone(),
+                annotations: c.config.annotations.clone(),
+            })
+            .collect()
+    }
+}
+
+/// What runs: arguments, environment, directory and identity.
+pub(crate) struct Process {
+    args: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+    uid: u32,
+    gid: u32,
+}
+
+/// Kubernetes semantics: `command` replaces the image's entrypoint (and drops its cmd), `args`
+/// replaces its cmd; environment entries override the image's by name.
+fn process_of(config: &cri::ContainerConfig, image: &crate::images::ImageConfig) -> Result<Process> {
+    let mut args = if config.command.is_empty() { image.entrypoint.clone() } else { config.command.clone() };
+    if !config.args.is_empty() {
+        args.extend(config.args.iter().cloned());
+    } else if config.command.is_empty() {
+        args.extend(image.cmd.iter().cloned());
+    }
+    if args.is_empty() {
+        return Err(Error::Invalid(
+            "no command: neither the container config nor the image gives one".into(),
+        ));
+    }
+    let mut env: Vec<String> = image.env.clone();
+    for kv in &config.envs {
+        if kv.key.is_empty() || kv.key.contains('=') {
+            return Err(Error::Invalid(format!("environment variable name {:?} is invalid", kv.key)));
+        }
+        let prefix = format!("{}=", kv.key);
+        env.retain(|e| !e.starts_with(&prefix));
+        env.push(format!("{}={}", kv.key, kv.value));
+    }
+    let size: usize = env.iter().chain(args.iter()).map(|s| s.len() + 1).sum();
+    if size > MAX_ARG_BYTES {
+        return Err(Error::Invalid(format!(
+            "environment and arguments take {size} bytes; at most {MAX_ARG_BYTES} can be passed to a process"
+        )));
+    }
+    let cwd = if !config.working_dir.is_empty() {
+        config.working_dir.clone()
+    } else if image.working_dir.as_deref().is_some_and(|d| !d.is_empty()) {
+        image.working_dir.clone().unwrap_or_default()
+    } else {
+        "/".into()
+    };
+    let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
+    let (mut uid, mut gid) = parse_user(image.user.as_deref().unwrap_or(""))?;
+    if let Some(user) = security.and_then(|s| s.run_as_user.as_ref()) {
+        uid = u32::try_from(user.value)
+            .map_err(|_| Error::Invalid(format!("runAsUser {} is out of range", user.value)))?;
+    }
+    if let Some(group) = security.and_then(|s| s.run_as_group.as_ref()) {
+        gid = u32::try_from(group.value)
+            .map_err(|_| Error::Invalid(format!("runAsGroup {} is out of range", group.value)))?;
+    }
+    Ok(Process { args, env, cwd, uid, gid })
+}
+
+/// The image's `User`: empty, `uid` or `uid:gid`. Names need the image's /etc/passwd, which is
+/// not read yet.
+fn parse_user(user: &str) -> Result<(u32, u32)> {
+    if user.is_empty() {
+        return Ok((0, 0));
+    }
+    let (u, g) = user.split_once(':').unwrap_or((user, "0"));
+    match (u.parse(), g.parse()) {
+        (Ok(uid), Ok(gid)) => Ok((uid, gid)),
+        _ => Err(Error::Invalid(format!("image user {user:?}: only numeric uid[:gid] is supported yet"))),
+    }
+}
+
+fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<(PathBuf, String, bool)>> {
+    config
+        .mounts
+        .iter()
+        .map(|m| {
+            let dest = std::path::Path::new(&m.container_path);
+            let escapes = dest.components().any(|c| matches!(c, std::path::Component::ParentDir));
+            if !dest.is_absolute() || escapes {
+                return Err(Error::Invalid(format!(
+                    "mount path {:?} must be absolute without '..'",
+                    m.container_path
+                )));
+            }
+            let host = PathBuf::from(&m.host_path);
+            if !host.exists() {
+                return Err(Error::Invalid(format!("mount source {} does not exist", host.display())));
+            }
+            Ok((host, m.container_path.clone(), m.readonly))
+        })
+        .collect()
+}

@@ -1,0 +1,111 @@
+//! Exits reported by a sandbox's hpk-pause, applied to the containers they belong to.
+
+use std::sync::Arc;
+
+use k8s_cri::v1 as cri;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::UnixStream;
+use tracing::{debug, info, warn};
+
+use super::{Runtime, now_nanos};
+use crate::pause::Event;
+
+/// One exit as the pause reports it: the PID in the sandbox and how it ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Exit {
+    pub(crate) pid: i32,
+    /// Exit status as a shell reports it: the code, or 128 + the signal.
+    pub(crate) status: i32,
+}
+
+/// Parses one event line; `None` for lines that are not exits (readiness, garbage).
+pub(crate) fn parse_exit(line: &str) -> Option<Exit> {
+    match Event::from_line(line).ok()? {
+        Event::Exit(exit) => {
+            let status = exit.exit_code.or(exit.signal.map(|s| 128 + s))?;
+            Some(Exit { pid: exit.pid, status })
+        }
+        Event::Ready { .. } => None,
+    }
+}
+
+/// Reads the pause's events until it disconnects (the sandbox stopped), then marks the sandbox
+/// not ready and its still-running containers exited.
+pub(crate) async fn watch(runtime: Arc<Runtime>, sandbox_id: String, stream: UnixStream) {
+    let mut lines = BufReader::new(stream).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                if let Some(exit) = parse_exit(&line) {
+                    apply(&runtime, &sandbox_id, exit).await;
+                } else {
+                    debug!(sandbox = %sandbox_id, line, "pause event");
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                warn!(sandbox = %sandbox_id, error = %e, "reading pause events failed");
+                break;
+            }
+        }
+    }
+    let mut state = runtime.state.lock().await;
+    if let Some(sandbox) = state.sandboxes.get_mut(&sandbox_id) {
+        sandbox.ready = false;
+    }
+    for container in state.containers.values_mut().filter(|c| c.sandbox_id == sandbox_id) {
+        if container.state == cri::ContainerState::ContainerRunning {
+            mark_exited(container, 137, "the sandbox stopped");
+        }
+    }
+    info!(sandbox = %sandbox_id, "sandbox stopped");
+}
+
+async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
+    let mut state = runtime.state.lock().await;
+    let owner = state
+        .containers
+        .values_mut()
+        .find(|c| c.sandbox_id == sandbox_id && c.sandbox_pid == Some(exit.pid) && c.finished_at == 0);
+    match owner {
+        Some(container) => {
+            info!(container = %container.id, status = exit.status, "container exited");
+            mark_exited(container, exit.status, "");
+        }
+        // Not (yet) known as a container's init: a process the container left behind, or an
+        // init whose start is still being recorded; start_container looks here.
+        None => {
+            if let Some(sandbox) = state.sandboxes.get_mut(sandbox_id) {
+                sandbox.unclaimed_exits.insert(exit.pid, exit.status);
+            }
+        }
+    }
+}
+
+/// Records an exit: state, code, time, reason, and wakes whoever waits for it.
+pub(crate) fn mark_exited(container: &mut super::Container, status: i32, message: &str) {
+    container.state = cri::ContainerState::ContainerExited;
+    container.exit_code = status;
+    container.finished_at = now_nanos();
+    container.reason = if status == 0 { "Completed".into() } else { "Error".into() };
+    if !message.is_empty() {
+        container.reason = format!("{}: {message}", container.reason);
+    }
+    container.exited.send_replace(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_carry_codes_or_signals() {
+        assert_eq!(parse_exit(r#"{"pid":7,"exit_code":3,"signal":null}"#), Some(Exit { pid: 7, status: 3 }));
+        assert_eq!(
+            parse_exit(r#"{"pid":7,"exit_code":null,"signal":9}"#),
+            Some(Exit { pid: 7, status: 137 })
+        );
+        assert_eq!(parse_exit(r#"{"ready":true,"pid":1}"#), None);
+        assert_eq!(parse_exit("not json"), None);
+    }
+}

@@ -1,0 +1,206 @@
+//! The runtime core behind the CRI services: sandboxes and containers, their records on disk,
+//! and the exits hpk-pause reports.
+
+mod container;
+mod error;
+mod events;
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_cri::v1 as cri;
+use tokio::sync::{Mutex, watch};
+
+pub use error::{Error, Result};
+
+use crate::engine::Crun;
+use crate::images::ImageStore;
+
+/// How the runtime is set up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// State directory: sandboxes, containers, crun state (0700).
+    pub root: PathBuf,
+    /// The hpk-pause binary bind-mounted into every sandbox.
+    pub pause_binary: PathBuf,
+    /// Seconds a sandbox's pause gives processes after SIGTERM.
+    pub pause_grace_seconds: u32,
+    /// The host's cgroup mode, for saying which limits are not enforced.
+    pub cgroup_mode: crate::engine::CgroupMode,
+}
+
+/// A sandbox the runtime manages.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub(crate) id: String,
+    pub(crate) config: cri::PodSandboxConfig,
+    pub(crate) created_at: i64,
+    pub(crate) ready: bool,
+    pub(crate) pause_pid: u32,
+    /// Exits reported by the pause that no container claimed yet, by PID in the sandbox.
+    pub(crate) unclaimed_exits: HashMap<i32, i32>,
+}
+
+/// A container the runtime manages.
+#[derive(Debug)]
+pub struct Container {
+    pub(crate) id: String,
+    pub(crate) sandbox_id: String,
+    pub(crate) config: cri::ContainerConfig,
+    pub(crate) image_ref: String,
+    pub(crate) image_id: String,
+    pub(crate) state: cri::ContainerState,
+    pub(crate) created_at: i64,
+    pub(crate) started_at: i64,
+    pub(crate) finished_at: i64,
+    pub(crate) exit_code: i32,
+    pub(crate) reason: String,
+    pub(crate) log_path: Option<PathBuf>,
+    /// The sandbox's hpk-pause (host PID): crun runs in its PID namespace for this container.
+    pub(crate) pause_pid: u32,
+    /// PID of the container's init inside the sandbox's PID namespace.
+    pub(crate) sandbox_pid: Option<i32>,
+    /// Changes to `Exited` when the pause reports the exit.
+    pub(crate) exited: watch::Sender<bool>,
+}
+
+/// Sandboxes and containers, one lock: operations are short, and the heavy parts (crun, mounts,
+/// pulls) run without holding it where they can.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) sandboxes: HashMap<String, Sandbox>,
+    pub(crate) containers: HashMap<String, Container>,
+}
+
+/// The runtime: engine, image store and state.
+#[derive(Debug)]
+pub struct Runtime {
+    pub(crate) config: Config,
+    pub(crate) crun: Crun,
+    pub(crate) images: ImageStore,
+    pub(crate) state: Mutex<State>,
+}
+
+impl Runtime {
+    /// A runtime over `images`, keeping state under `config.root`; crun runs through `crun`.
+    pub fn new(config: Config, crun: Crun, images: ImageStore) -> Result<Arc<Self>> {
+        for dir in ["sandboxes", "containers", "crun"] {
+            let path = config.root.join(dir);
+            std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
+        }
+        Ok(Arc::new(Self { config, crun, images, state: Mutex::new(State::default()) }))
+    }
+
+    /// The host's cgroup mode.
+    pub fn cgroup_mode(&self) -> crate::engine::CgroupMode {
+        self.config.cgroup_mode
+    }
+
+    /// The image store.
+    pub fn images(&self) -> &ImageStore {
+        &self.images
+    }
+
+    /// crun for a container of the sandbox whose pause is `pause_pid`: inside its PID namespace
+    /// while that pause lives (see [`Crun::in_pid_namespace`]), else plain — a container of a
+    /// stopped sandbox can still be inspected and deleted.
+    pub(crate) fn crun_for(&self, pause_pid: u32) -> Crun {
+        let cmdline = std::fs::read(format!("/proc/{pause_pid}/cmdline")).unwrap_or_default();
+        let alive = String::from_utf8_lossy(&cmdline).contains("hpk-pause");
+        if alive { self.crun.in_pid_namespace(pause_pid) } else { self.crun.clone() }
+    }
+
+    /// The directory of a sandbox's events socket, kept short: a UNIX socket path has at most
+    /// 107 bytes, and a sandbox directory holds a 64-digit ID.
+    pub(crate) fn events_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("ev").join(&id[..id.len().min(16)])
+    }
+
+    pub(crate) fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("sandboxes").join(id)
+    }
+
+    pub(crate) fn container_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("containers").join(id)
+    }
+}
+
+/// Nanoseconds since the Unix epoch, as CRI timestamps are.
+pub(crate) fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A fresh 64-hex-digit ID, as containerd and CRI-O make them.
+pub(crate) fn new_id() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::io("read", "random source", std::io::Error::other(e.to_string())))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Finds the one ID in `ids` equal to `wanted` or starting with it (crictl passes prefixes).
+pub(crate) fn resolve<'a>(
+    ids: impl Iterator<Item = &'a String>,
+    wanted: &str,
+    kind: &'static str,
+) -> Result<String> {
+    if wanted.is_empty() {
+        return Err(Error::Invalid(format!("{kind} ID is empty")));
+    }
+    let matches: Vec<&String> = ids.filter(|id| id.starts_with(wanted)).collect();
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(Error::NotFound { kind, id: wanted.to_owned() }),
+        _ => matches
+            .iter()
+            .find(|id| id.as_str() == wanted)
+            .map(|id| (*id).clone())
+            .ok_or_else(|| Error::Invalid(format!("{kind} ID prefix {wanted:?} is ambiguous"))),
+    }
+}
+
+/// Joins `relative` under `base`, refusing anything that would leave it.
+pub(crate) fn join_inside(base: &Path, relative: &str) -> Result<PathBuf> {
+    let rel = Path::new(relative);
+    let escapes = rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::Prefix(_)));
+    if escapes || relative.is_empty() {
+        return Err(Error::Invalid(format!("path {relative:?} must stay inside {}", base.display())));
+    }
+    Ok(base.join(rel))
+}
+
+/// Labels match when every selector pair is present.
+pub(crate) fn labels_match(labels: &HashMap<String, String>, selector: &HashMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_resolve_to_one_id() {
+        let ids = ["abc123".to_owned(), "abd456".to_owned()];
+        assert_eq!(resolve(ids.iter(), "abc", "container").expect("one"), "abc123");
+        assert!(matches!(resolve(ids.iter(), "ab", "container"), Err(Error::Invalid(_))));
+        assert!(matches!(resolve(ids.iter(), "zz", "container"), Err(Error::NotFound { .. })));
+    }
+
+    #[test]
+    fn paths_cannot_leave_their_base() {
+        let base = Path::new("/var/log/pods/x");
+        assert_eq!(join_inside(base, "c/0.log").expect("inside"), base.join("c/0.log"));
+        for bad in ["../x.log", "c/../../x", "/etc/passwd", ""] {
+            assert!(join_inside(base, bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tracing::{info, warn};
+
+use super::{Error, Result, Runtime, Sandbox, labels_match, new_id, now_nanos, resolve};
+use crate::engine::SandboxSpec;
+
+/// How long a new sandbox's pause may take to report readiness.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Runtime {
+    /// Starts a sandbox for `config` and returns its ID once hpk-pause reports it ready.
+    pub async fn run_sandbox(self: &Arc<Self>, config: cri::PodSandboxConfig) -> Result<String> {
+        let meta =
+            config.metadata.clone().ok_or_else(|| Error::Invalid("sandbox config has no metadata".into()))?;
+        if meta.name.is_empty() || meta.namespace.is_empty() {
+            return Err(Error::Invalid("sandbox metadata needs a name and a namespace".into()));
+        }
+        let hostname = if config.hostname.is_empty() { meta.name.clone() } else { config.hostname.clone() };
+        if hostname.len() > 64 || hostname.contains('/') {
+            return Err(Error::Invalid(format!("hostname {hostname:?} is not a valid host name")));
+        }
+        {
+            let state = self.state.lock().await;
+            let same = |s: &Sandbox| s.config.metadata.as_ref() == Some(&meta);
+            if let Some(existing) = state.sandboxes.values().find(|s| same(s)) {
+                return Err(Error::AlreadyExists(format!(
+                    "sandbox {}/{} attempt {} already exists as {}",
+                    meta.namespace, meta.name, meta.attempt, existing.id
+                )));
+            }
+        }
+        let id = new_id()?;
+        match self.start_sandbox(&id, &config, &hostname).await {
+            Ok(()) => {
+                info!(sandbox = %id, pod = %format!("{}/{}", meta.namespace, meta.name), "sandbox ready");
+                Ok(id)
+            }
+            Err(err) => {
+                // Nothing half-created stays behind.
+                let _ = self.crun.delete(&id, true);
+                let _ = std::fs::remove_dir_all(self.sandbox_dir(&id));
+                let _ = std::fs::remove_dir_all(self.events_dir(&id));
+                Err(err)
+            }
+        }
+    }
+
+    async fn start_sandbox(
+        self: &Arc<Self>,
+        id: &str,
+        config: &cri::PodSandboxConfig,
+        hostname: &str,
+    ) -> Result<()> {
+        let dir = self.sandbox_dir(id);
+        let events_dir = self.events_dir(id);
+        std::fs::create_dir_all(&events_dir).map_err(|e| Error::io("create", &events_dir, e))?;
+        let socket = events_dir.join("events.sock");
+        let listener =
+            tokio::net::UnixListener::bind(&socket).map_err(|e| Error::io("listen on", &socket, e))?;
+        let spec = SandboxSpec {
+            id: id.to_owned(),
+            hostname: hostname.to_owned(),
+            pause_binary: self.config.pause_binary.clone(),
+            events_dir,
+            grace_seconds: self.config.pause_grace_seconds,
+        };
+        let bundle = dir.join("bundle");
+        spec.write_bundle(&bundle)?;
+        self.crun.create(id, &bundle, Stdio::null(), Stdio::null())?;
+        self.crun.start(id)?;
+        let ready = async {
+            let (stream, _) = listener.accept().await.map_err(|e| Error::io("accept on", &socket, e))?;
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            reader.read_line(&mut line).await.map_err(|e| Error::io("read", &socket, e))?;
+            if !line.contains("\"ready\"") {
+                return Err(Error::FailedPrecondition(format!("hpk-pause said {line:?} instead of ready")));
+            }
+            Ok(reader.into_inner())
+        };
+        let stream = tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
+            Error::Timeout(format!("hpk-pause of sandbox {id} not ready within {READY_TIMEOUT:?}"))
+        })??;
+        let pid =
+            self.crun.state(id)?.map(|s| s.pid).filter(|pid| *pid > 0).ok_or_else(|| {
+                Error::FailedPrecondition(format!("sandbox {id} stopped right after start"))
+            })?;
+        // Until the net-forwarder provides interfaces, a sandbox has loopback only; bring it up
+        // so containers can talk over localhost.
+        self.crun.run_prefixed(
+            "nsenter",
+            &[&format!("--net=/proc/{pid}/ns/net"), "ip", "link", "set", "lo", "up"],
+        )?;
+        let sandbox = Sandbox {
+            id: id.to_owned(),
+            config: config.clone(),
+            created_at: now_nanos(),
+            ready: true,
+            pause_pid: pid,
+            unclaimed_exits: HashMap::new(),
+        };
+        self.state.lock().await.sandboxes.insert(id.to_owned(), sandbox);
+        tokio::spawn(super::events::watch(Arc::clone(self), id.to_owned(), stream));
+        Ok(())
+    }
+
+    /// Stops every container of the sandbox and the sandbox itself. Stopping an unknown or
+    /// stopped sandbox succeeds: the kubelet retries.
+    pub async fn stop_sandbox(&self, wanted: &str) -> Result<()> {
+        let Ok(id) = self.resolve_sandbox(wanted).await else { return Ok(()) };
+        let containers: Vec<String> = {
+            let state = self.state.lock().await;
+            state.containers.values().filter(|c| c.sandbox_id == id).map(|c| c.id.clone()).collect()
+        };
+        for container in containers {
+            self.stop_container(&container, 0).await?;
+        }
+        if self.crun.state(&id)?.is_some_and(|s| s.status == "running") {
+            self.crun.kill(&id, "TERM")?;
+            let deadline = Duration::from_secs(u64::from(self.config.pause_grace_seconds) + 5);
+            if !self.wait_stopped(&id, deadline).await? {
+                warn!(sandbox = %id, "pause did not stop; killing it");
+                self.crun.kill(&id, "KILL")?;
+                self.wait_stopped(&id, Duration::from_secs(5)).await?;
+            }
+        }
+        if let Some(sandbox) = self.state.lock().await.sandboxes.get_mut(&id) {
+            sandbox.ready = false;
+        }
+        info!(sandbox = %id, "sandbox stopped");
+        Ok(())
+    }
+
+    async fn wait_stopped(&self, id: &str, within: Duration) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.crun.state(id)?.is_none_or(|s| s.status != "running") {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops and removes the sandbox, its containers and its files. Unknown IDs succeed.
+    pub async fn remove_sandbox(&self, wanted: &str) -> Result<()> {
+        let Ok(id) = self.resolve_sandbox(wanted).await else { return Ok(()) };
+        self.stop_sandbox(&id).await?;
+        let containers: Vec<String> = {
+            let state = self.state.lock().await;
+            state.containers.values().filter(|c| c.sandbox_id == id).map(|c| c.id.clone()).collect()
+        };
+        for container in containers {
+            self.remove_container(&container).await?;
+        }
+        self.crun.delete(&id, true)?;
+        for dir in [self.sandbox_dir(&id), self.events_dir(&id)] {
+            std::fs::remove_dir_all(&dir)
+                .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+                .map_err(|e| Error::io("remove", &dir, e))?;
+        }
+        self.state.lock().await.sandboxes.remove(&id);
+        info!(sandbox = %id, "sandbox removed");
+        Ok(())
+    }
+
+    pub(crate) async fn resolve_sandbox(&self, wanted: &str) -> Result<String> {
+        let state = self.state.lock().await;
+        resolve(state.sandboxes.keys(), wanted, "sandbox")
+    }
+
+    /// The sandbox's status.
+    pub async fn sandbox_status(&self, wanted: &str) -> Result<cri::PodSandboxStatus> {
+        let id = self.resolve_sandbox(wanted).await?;
+        let state = self.state.lock().await;
+        let s =
+            state.sandboxes.get(&id).ok_or_else(|| Error::NotFound { kind: "sandbox", id: id.clone() })?;
+        Ok(cri::PodSandboxStatus {
+            id: s.id.clone(),
+            metadata: s.config.metadata.clone(),
+            state: sandbox_state(s) as i32,
+            created_at: s.created_at,
+            network: Some(cri::PodSandboxNetworkStatus::default()),
+            linux: None,
+            labels: s.config.labels.clone(),
+            annotations: s.config.annotations.clone(),
+            runtime_handler: String::new(),
+        })
+    }
+
+    /// Sandboxes matching `filter`.
+    pub async fn list_sandboxes(&self, filter: Option<cri::PodSandboxFilter>) -> Vec<cri::PodSandbox> {
+        let state = self.state.lock().await;
+        let empty = HashMap::new();
+        state
+            .sandboxes
+            .values()
+            .filter(|s| match &filter {
+                None => true,
+                Some(f) => {
+                    (f.id.is_empty() || s.id.starts_with(&f.id))
+                        && f.state.as_ref().is_none_or(|v| v.state == sandbox_state(s) as i32)
+                        && labels_match(
+                            &s.config.labels,
+                            if f.label_selector.is_empty() { &empty } else { &f.label_selector },
+                        )
+                }
+            })
+            .map(|s| cri::PodSandbox {
+                id: s.id.clone(),
+                metadata: s.config.metadata.clone(),
+                state: sandbox_state(s) as i32,
+                created_at: s.created_at,
+                labels: s.config.labels.clone(),
+                annotations: s.config.annotations.clone(),
+                runtime_handler: String::new(),
+            })
+            .collect()
+    }
+}
+
+fn sandbox_state(s: &Sandbox) -> cri::PodSandboxState {
+    if s.ready { cri::PodSandboxState::SandboxReady } else { cri::PodSandboxState::SandboxNotready }
+}

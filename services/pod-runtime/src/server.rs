@@ -1,0 +1,100 @@
+//! `run`: open the image store, set up the runtime, serve CRI on a UNIX socket until shutdown.
+
+use std::path::PathBuf;
+
+use k8s_cri::v1::image_service_server::ImageServiceServer;
+use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
+use tokio_util::sync::CancellationToken;
+
+use crate::cri::{Images, RuntimeApi};
+use crate::engine::Crun;
+use crate::images::{ImageStore, StoreOptions};
+use crate::runtime::{self, Runtime};
+
+/// Largest CRI message accepted; the kubelet's largest (CreateContainer with many env vars and
+/// mounts) stays far below.
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// What `hpk-pod-runtime` needs to run.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The CRI socket (0600, in a 0700 directory).
+    #[arg(long, env = "HPK_POD_RUNTIME_SOCKET", default_value = "/run/hpk/pod-runtime.sock")]
+    pub socket: PathBuf,
+    /// State directory: images, sandboxes, containers.
+    #[arg(long, env = "HPK_POD_RUNTIME_ROOT", default_value = "/var/lib/hpk/pod-runtime")]
+    pub root: PathBuf,
+    /// The hpk-pause binary [default: hpk-pause next to this binary].
+    #[arg(long, env = "HPK_PAUSE_BINARY")]
+    pub pause_binary: Option<PathBuf>,
+    /// Registries spoken to over plain HTTP (host:port), e.g. a local test registry.
+    #[arg(long = "insecure-registry", env = "HPK_INSECURE_REGISTRIES", value_delimiter = ',')]
+    pub insecure_registries: Vec<String>,
+    /// Seconds a sandbox's processes get after SIGTERM before SIGKILL.
+    #[arg(long, env = "HPK_POD_GRACE_SECONDS", default_value_t = 10)]
+    pub pod_grace_seconds: u32,
+    /// The host's cgroup mode, detected by `main` before it hid anything.
+    #[arg(skip = crate::engine::CgroupMode::V1)]
+    pub cgroup_mode: crate::engine::CgroupMode,
+}
+
+/// Errors of `run`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The runtime could not be set up.
+    #[error(transparent)]
+    Runtime(#[from] runtime::Error),
+    /// The image store could not be opened.
+    #[error(transparent)]
+    Images(#[from] crate::images::Error),
+    /// Serving failed.
+    #[error(transparent)]
+    Rpc(#[from] hpk_rpc::Error),
+    /// The configuration is inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// Serves CRI until `shutdown`. Sandboxes and containers keep running after the runtime exits.
+pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Error> {
+    let pause_binary = match args.pause_binary {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .map_err(|e| Error::Config(format!("locating hpk-pause: {e}")))?
+            .with_file_name("hpk-pause"),
+    };
+    if !pause_binary.is_file() {
+        return Err(Error::Config(format!(
+            "hpk-pause not found at {}; give --pause-binary",
+            pause_binary.display()
+        )));
+    }
+    let images = ImageStore::open_with(
+        &args.root.join("images"),
+        StoreOptions { insecure_registries: args.insecure_registries.clone() },
+    )?;
+    let crun = Crun::new(&args.root.join("crun"));
+    let config = runtime::Config {
+        root: args.root.clone(),
+        pause_binary,
+        pause_grace_seconds: args.pod_grace_seconds,
+        cgroup_mode: args.cgroup_mode,
+    };
+    let runtime = Runtime::new(config, crun, images)?;
+    for limit in crate::engine::limits_not_enforced(args.cgroup_mode) {
+        tracing::warn!(%limit, "resource limits");
+    }
+    let services = hpk_rpc::Services::new()
+        .with(
+            RuntimeServiceServer::new(RuntimeApi(runtime.clone()))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .with(
+            ImageServiceServer::new(Images(runtime))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        );
+    hpk_rpc::serve(hpk_rpc::Listener::unix(&args.socket)?, services, shutdown).await?;
+    Ok(())
+}
