@@ -110,7 +110,6 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
     overlay.mount(&crun).expect("mount overlay");
     let spec = ContainerSpec {
         id: "c1".into(),
-        pause_pid: state.pid,
         rootfs: overlay.target.clone(),
         args: [
             "sh",

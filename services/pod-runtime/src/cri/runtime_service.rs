@@ -156,8 +156,14 @@ impl RuntimeService for Runtime {
         unimplemented("ReopenContainerLog")
     }
 
-    async fn exec_sync(&self, _: Request<cri::ExecSyncRequest>) -> Reply<cri::ExecSyncResponse> {
-        unimplemented("ExecSync")
+    async fn exec_sync(&self, r: Request<cri::ExecSyncRequest>) -> Reply<cri::ExecSyncResponse> {
+        let cri::ExecSyncRequest { container_id, cmd, timeout } = r.into_inner();
+        let out = self.0.exec_sync(&container_id, cmd, timeout).await?;
+        Ok(Response::new(cri::ExecSyncResponse {
+            stdout: out.stdout,
+            stderr: out.stderr,
+            exit_code: out.exit_code,
+        }))
     }
 
     async fn exec(&self, _: Request<cri::ExecRequest>) -> Reply<cri::ExecResponse> {

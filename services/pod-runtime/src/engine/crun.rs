@@ -40,20 +40,33 @@ impl Crun {
         self
     }
 
-    /// The same crun, run inside the PID namespace of `pause_pid` (a sandbox's hpk-pause).
+    /// The same crun, run inside the PID namespace of `pause_pid` (a sandbox's hpk-pause), with
+    /// a /proc of that namespace.
     ///
     /// A container's init is forked by crun; when crun exits, the kernel gives the orphan to
     /// the reaper of *crun's* PID namespace. Run from the host's namespace that is the host's
     /// init, and the exit status is lost; run from inside the sandbox it is hpk-pause, which
-    /// reaps it and reports the status. crun then also records PIDs as the sandbox sees them,
-    /// the numbers hpk-pause reports.
+    /// reaps it and reports the status. crun records PIDs as it sees them, so it must also see
+    /// the sandbox's /proc (a private mount namespace with procfs remounted): with the host's,
+    /// a sandbox PID names an unrelated host process, whose start time crun would record and
+    /// whose namespaces `crun exec` would join. In this view the pause is PID 1.
     pub fn in_pid_namespace(&self, pause_pid: u32) -> Self {
         let mut inner = self.clone();
-        inner.prefix.extend([
-            "nsenter".into(),
-            format!("--pid=/proc/{pause_pid}/ns/pid").into(),
-            "--".into(),
-        ]);
+        let pid_ns = format!("--pid=/proc/{pause_pid}/ns/pid");
+        inner.prefix.extend(
+            [
+                "nsenter",
+                pid_ns.as_str(),
+                "--",
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--mount-proc",
+                "--",
+            ]
+            .map(OsString::from),
+        );
         inner
     }
 
@@ -137,5 +150,29 @@ impl Crun {
             Err(Error::Command { stderr, .. }) if stderr.contains("does not exist") => Ok(()),
             other => other.map(drop),
         }
+    }
+}
+
+/// `crun exec`, kept apart from the synchronous calls above: it runs as long as the command,
+/// so the runtime drives it with tokio and never blocks a worker thread on it.
+impl Crun {
+    /// `crun exec --pid-file PID_FILE ID ARGS...`, not yet started: no tty, stdin from /dev/null, stdout and stderr piped. crun's own messages also
+    /// go to `log`, which tells them apart from the command's stderr. The process leads a new
+    /// process group (so a timeout can kill the prefix and crun together) and is killed if
+    /// dropped.
+    pub fn exec(&self, id: &str, args: &[String], pid_file: &Path, log: &Path) -> tokio::process::Command {
+        let mut cmd = self.crun();
+        cmd.arg(format!("--log=file:{}", log.display()))
+            .arg("exec")
+            .arg("--pid-file")
+            .arg(pid_file)
+            .arg(id)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.process_group(0).kill_on_drop(true);
+        cmd
     }
 }

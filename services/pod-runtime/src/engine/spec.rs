@@ -49,8 +49,6 @@ pub struct SandboxSpec {
 pub struct ContainerSpec {
     /// Container ID for crun.
     pub id: String,
-    /// The sandbox's pause PID (host view), whose namespaces the container joins.
-    pub pause_pid: u32,
     /// The mounted root filesystem (an overlay).
     pub rootfs: PathBuf,
     /// Command and arguments.
@@ -131,7 +129,9 @@ impl ContainerSpec {
     pub fn write_bundle(&self, bundle: &Path) -> Result<()> {
         check_id(&self.id)?;
         mkdir(bundle)?;
-        let ns = |kind: &str, name: &str| json!({"type": kind, "path": format!("/proc/{}/ns/{name}", self.pause_pid)});
+        // crun runs in the sandbox's PID namespace with its /proc (Crun::in_pid_namespace), where
+        // the pause is PID 1.
+        let ns = |kind: &str, name: &str| json!({"type": kind, "path": format!("/proc/1/ns/{name}")});
         let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
@@ -222,7 +222,6 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let spec = ContainerSpec {
             id: "c1".into(),
-            pause_pid: 4242,
             rootfs: tmp.path().join("rootfs"),
             args: vec!["sh".into()],
             env: vec!["A=b".into()],
@@ -238,8 +237,8 @@ mod tests {
                 .expect("json");
         let namespaces = config["linux"]["namespaces"].as_array().expect("namespaces");
         assert_eq!(namespaces[0], json!({"type": "mount"}));
-        assert!(namespaces.contains(&json!({"type": "network", "path": "/proc/4242/ns/net"})));
-        assert!(namespaces.contains(&json!({"type": "pid", "path": "/proc/4242/ns/pid"})));
+        assert!(namespaces.contains(&json!({"type": "network", "path": "/proc/1/ns/net"})));
+        assert!(namespaces.contains(&json!({"type": "pid", "path": "/proc/1/ns/pid"})));
         assert_eq!(config["process"]["user"], json!({"uid": 1000, "gid": 1000}));
         assert_eq!(config["root"]["readonly"], json!(true));
         let data = config["mounts"]

@@ -121,7 +121,6 @@ impl Runtime {
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
         let spec = ContainerSpec {
             id: id.to_owned(),
-            pause_pid,
             rootfs: overlay.target.clone(),
             args: process.args,
             env: process.env,

@@ -4,6 +4,7 @@
 mod container;
 mod error;
 mod events;
+mod exec;
 mod sandbox;
 
 use std::collections::HashMap;

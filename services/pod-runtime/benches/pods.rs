@@ -1,0 +1,198 @@
+//! Pod start latency (RunPodSandbox → CreateContainer → StartContainer returned, image present)
+//! over CRI against the release `hpk-pod-runtime`, sequential and 10 at a time; the runtime's RSS
+//! with 100 pods; memory per sleeping pod with 250 pods.
+//!
+//! Run (as root, with crun, docker-registry and busybox-static installed):
+//! `cargo bench -p hpk-pod-runtime --bench pods`
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hpk_integration::registry::{Client, Registry};
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+const RUNTIME: &str = env!("CARGO_BIN_EXE_hpk-pod-runtime");
+const PAUSE: &str = env!("CARGO_BIN_EXE_hpk-pause");
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
+    runtime.block_on(run());
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.0.id()).expect("pid")),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+async fn run() {
+    let registry = Registry::start(IpAddr::V4(Ipv4Addr::LOCALHOST), None).await.expect("registry");
+    let image = hpk_integration::image::shell_image().expect("image");
+    Client::new(&registry.url()).expect("client").push("hpk/shell", "v1", &image).await.expect("push");
+    let reference = format!("{}/hpk/shell:v1", registry.host_port());
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let socket = tmp.path().join("cri.sock");
+    let server = Server(
+        Command::new(RUNTIME)
+            .arg(format!("--socket={}", socket.display()))
+            .arg(format!("--root={}", tmp.path().join("root").display()))
+            .arg(format!("--pause-binary={PAUSE}"))
+            .arg(format!("--insecure-registry={}", registry.host_port()))
+            .arg("--pod-grace-seconds=1")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start runtime"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let channel = loop {
+        if let Ok(channel) = hpk_rpc::connect::unix(&socket).await {
+            let mut probe = RuntimeServiceClient::new(channel.clone());
+            if probe.version(cri::VersionRequest::default()).await.is_ok() {
+                break channel;
+            }
+        }
+        assert!(Instant::now() < deadline, "runtime not serving");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut images = ImageServiceClient::new(channel.clone());
+    images
+        .pull_image(cri::PullImageRequest {
+            image: Some(cri::ImageSpec { image: reference.clone(), ..Default::default() }),
+            ..Default::default()
+        })
+        .await
+        .expect("pull");
+
+    let mut ids = Vec::new();
+    let mut sequential = Vec::new();
+    for i in 0..100 {
+        let (latency, id) = start_pod(channel.clone(), reference.clone(), format!("seq-{i}")).await;
+        sequential.push(latency);
+        ids.push(id);
+    }
+    let rss_100 = rss_kib(server.0.id());
+    let mut concurrent = Vec::new();
+    for batch in 0..10 {
+        let tasks: Vec<_> = (0..10)
+            .map(|i| tokio::spawn(start_pod(channel.clone(), reference.clone(), format!("par-{batch}-{i}"))))
+            .collect();
+        for task in tasks {
+            let (latency, id) = task.await.expect("task");
+            concurrent.push(latency);
+            ids.push(id);
+        }
+    }
+    let available_200 = mem_available_kib();
+    for i in 0..50 {
+        ids.push(start_pod(channel.clone(), reference.clone(), format!("more-{i}")).await.1);
+    }
+    let available_250 = mem_available_kib();
+    let rss_250 = rss_kib(server.0.id());
+
+    println!("| measurement | n | p50 | p99 | max |");
+    println!("|---|---|---|---|---|");
+    row("RunPodSandbox → container running, sequential", &mut sequential);
+    row("RunPodSandbox → container running, 10 at a time", &mut concurrent);
+    println!();
+    println!("runtime RSS with 100 pods: {:.1} MiB; with 250 pods: {:.1} MiB", mib(rss_100), mib(rss_250));
+    let per_pod = available_200.saturating_sub(available_250) as f64 / 50.0;
+    println!(
+        "memory per sleeping pod (MemAvailable drop over pods 201–250, pause + sleep + page cache): {per_pod:.0} KiB"
+    );
+
+    let mut runtime = RuntimeServiceClient::new(channel);
+    let removal = Instant::now();
+    for id in &ids {
+        runtime
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: id.clone() })
+            .await
+            .expect("remove");
+    }
+    println!("removing {} pods took {:.1} s", ids.len(), removal.elapsed().as_secs_f64());
+    drop(server);
+}
+
+/// Starts one pod with a sleeping container; returns the latency and the sandbox ID.
+async fn start_pod(channel: Channel, reference: String, name: String) -> (Duration, String) {
+    let mut runtime = RuntimeServiceClient::new(channel);
+    let config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.clone(),
+            namespace: "bench".into(),
+            uid: name,
+            attempt: 0,
+        }),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let sandbox = runtime
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(config.clone()), ..Default::default() })
+        .await
+        .expect("run sandbox")
+        .into_inner()
+        .pod_sandbox_id;
+    let container = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: "sleep".into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: reference, ..Default::default() }),
+        command: vec!["sleep".into(), "3600".into()],
+        ..Default::default()
+    };
+    let id = runtime
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(container),
+            sandbox_config: Some(config),
+        })
+        .await
+        .expect("create")
+        .into_inner()
+        .container_id;
+    runtime.start_container(cri::StartContainerRequest { container_id: id }).await.expect("start");
+    (start.elapsed(), sandbox)
+}
+
+fn row(name: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let pick = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "| {name} | {} | {:.1} ms | {:.1} ms | {:.1} ms |",
+        samples.len(),
+        ms(pick(0.5)),
+        ms(pick(0.99)),
+        ms(*samples.last().expect("samples"))
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    status_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+fn mem_available_kib() -> u64 {
+    status_field("/proc/meminfo", "MemAvailable:")
+}
+
+fn status_field(path: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(path).expect("read /proc");
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("field present")
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
