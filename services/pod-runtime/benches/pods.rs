@@ -42,7 +42,7 @@ async fn run() {
     let reference = format!("{}/hpk/shell:v1", registry.host_port());
 
     let tmp = tempfile::tempdir().expect("tempdir");
-    let socket = tmp.path().join("cri.sock");
+    let socket = tmp.path().join("run/cri.sock");
     let server = Server(
         Command::new(RUNTIME)
             .arg(format!("--socket={}", socket.display()))
@@ -52,7 +52,7 @@ async fn run() {
             .arg("--pod-grace-seconds=1")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(tmp.path().join("runtime.log")).expect("log"))
             .spawn()
             .expect("start runtime"),
     );
@@ -64,7 +64,11 @@ async fn run() {
                 break channel;
             }
         }
-        assert!(Instant::now() < deadline, "runtime not serving");
+        assert!(
+            Instant::now() < deadline,
+            "runtime not serving:\n{}",
+            std::fs::read_to_string(tmp.path().join("runtime.log")).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut images = ImageServiceClient::new(channel.clone());
