@@ -12,24 +12,9 @@ use hpk_pod_runtime::engine::{
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-const PAUSE: &str = env!("CARGO_BIN_EXE_hpk-pause");
+mod support;
 
-/// crun, nsenter, unshare and busybox, or a printed reason (a failure under HPK_REQUIRE_TOOLS=1).
-fn tools_present() -> bool {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    let mut missing: Vec<&str> = ["crun", "nsenter", "unshare"].into_iter().filter(|t| !on_path(t)).collect();
-    if !Path::new("/bin/busybox").is_file() {
-        missing.push("busybox-static");
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
-    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
-    false
-}
+use support::{PAUSE, tools_present};
 
 /// A lower layer with busybox and the applets the test uses.
 fn busybox_layer(dir: &Path) -> PathBuf {
@@ -70,7 +55,7 @@ async fn next_event(lines: &mut tokio::io::Lines<BufReader<tokio::net::UnixStrea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
-    if !tools_present() {
+    if !tools_present(&["crun", "nsenter", "unshare"]) {
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
