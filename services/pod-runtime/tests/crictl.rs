@@ -133,6 +133,19 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
         assert!(rt.fails(&["create", &pod_id, &huge, &pod]).contains("at most"));
         let no_image = container("noimage", serde_json::json!({"image": {"image": "127.0.0.1:1/none:v1"}}));
         assert!(rt.fails(&["create", &pod_id, &no_image, &pod]).contains("not found"));
+        // A command that is not in the image: the container starts and exits 127, the reason in
+        // its log, as a shell would have it.
+        let missing_cmd = container("nocmd", serde_json::json!({"command": ["no-such-command"]}));
+        let cid = rt.ok(&["create", &pod_id, &missing_cmd, &pod]);
+        rt.ok(&["start", &cid]);
+        let inspect: serde_json::Value =
+            serde_json::from_str(&rt.ok(&["inspect", &cid])).expect("inspect JSON");
+        assert_eq!(inspect["status"]["state"], "CONTAINER_EXITED", "{inspect}");
+        assert_eq!(inspect["status"]["exitCode"], 127, "{inspect}");
+        // crictl prints the container's stderr records on its own stderr.
+        let log = String::from_utf8_lossy(&rt.crictl(&["logs", &cid]).stderr).into_owned();
+        assert!(log.contains("`no-such-command` not found"), "log: {log:?}");
+        rt.ok(&["rm", &cid]);
         // Nothing of the refused containers exists.
         assert_eq!(rt.ok(&["ps", "-a", "-q"]), "");
         let leftovers =

@@ -73,14 +73,17 @@ impl Runtime {
         let layers = self.images.layers(&image);
         let created =
             self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, log_path.as_ref());
-        if let Err(err) = created {
-            let _ = self.crun_for(pause_pid).delete(&id, true);
-            if let Ok(overlay) = Overlay::new(&dir, vec![]) {
-                let _ = overlay.unmount(&self.crun);
+        let start_error = match created {
+            Ok(start_error) => start_error,
+            Err(err) => {
+                let _ = self.crun_for(pause_pid).delete(&id, true);
+                if let Ok(overlay) = Overlay::new(&dir, vec![]) {
+                    let _ = overlay.unmount(&self.crun);
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(err);
             }
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(err);
-        }
+        };
         let (exited, _) = watch::channel(false);
         let container = Container {
             id: id.clone(),
@@ -98,6 +101,7 @@ impl Runtime {
             pause_pid,
             sandbox_pid: None,
             exited,
+            start_error,
         };
         self.state.lock().await.containers.insert(id.clone(), container);
         info!(container = %id, image = %image.id, "container created");
@@ -115,7 +119,7 @@ impl Runtime {
         mounts: Vec<(PathBuf, String, bool)>,
         config: &cri::ContainerConfig,
         log_path: Option<&PathBuf>,
-    ) -> Result<()> {
+    ) -> Result<Option<String>> {
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
@@ -156,8 +160,18 @@ impl Runtime {
                     .map_err(|e| Error::io("watch", "log pipe", e))?;
             tokio::spawn(copy_lines(receiver, stream, log.clone()));
         }
-        self.crun_for(pause_pid).create(id, &dir.join("bundle"), out_w.into(), err_w.into())?;
-        Ok(())
+        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), out_w.into(), err_w.into()) {
+            Ok(()) => Ok(None),
+            // crun checks the command at create (its init has already written the reason to the
+            // container's stderr, so it is in the log). Kubernetes users expect what a shell
+            // gives: the container starts and exits 127, not a failed create.
+            Err(crate::engine::Error::Command { stderr, .. })
+                if stderr.contains("executable file") && stderr.contains("not found") =>
+            {
+                Ok(Some(stderr.lines().last().unwrap_or(&stderr).to_owned()))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub(crate) async fn resolve_container(&self, wanted: &str) -> Result<String> {
@@ -169,13 +183,19 @@ impl Runtime {
     pub async fn start_container(&self, wanted: &str) -> Result<()> {
         let id = self.resolve_container(wanted).await?;
         let crun = {
-            let state = self.state.lock().await;
+            let mut state = self.state.lock().await;
             let c = state
                 .containers
-                .get(&id)
+                .get_mut(&id)
                 .ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
             if c.state != cri::ContainerState::ContainerCreated {
                 return Err(Error::FailedPrecondition(format!("container {id} is not in the created state")));
+            }
+            if let Some(message) = c.start_error.clone() {
+                c.started_at = now_nanos();
+                mark_exited(c, 127, &message);
+                info!(container = %id, %message, "container command not found; exited 127");
+                return Ok(());
             }
             self.crun_for(c.pause_pid)
         };

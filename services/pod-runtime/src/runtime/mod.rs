@@ -66,6 +66,9 @@ pub struct Container {
     pub(crate) sandbox_pid: Option<i32>,
     /// Changes to `Exited` when the pause reports the exit.
     pub(crate) exited: watch::Sender<bool>,
+    /// Why the container cannot start (its command is not in the image): it then "starts" and
+    /// exits 127 at once, as a shell would, with the reason in its log.
+    pub(crate) start_error: Option<String>,
 }
 
 /// Sandboxes and containers, one lock: operations are short, and the heavy parts (crun, mounts,
