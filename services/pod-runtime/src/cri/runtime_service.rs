@@ -151,9 +151,10 @@ impl RuntimeService for Runtime {
 
     async fn reopen_container_log(
         &self,
-        _: Request<cri::ReopenContainerLogRequest>,
+        r: Request<cri::ReopenContainerLogRequest>,
     ) -> Reply<cri::ReopenContainerLogResponse> {
-        unimplemented("ReopenContainerLog")
+        self.0.reopen_container_log(&r.into_inner().container_id).await?;
+        Ok(Response::new(cri::ReopenContainerLogResponse {}))
     }
 
     async fn exec_sync(&self, r: Request<cri::ExecSyncRequest>) -> Reply<cri::ExecSyncResponse> {

@@ -14,6 +14,9 @@ use super::events::mark_exited;
 use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
 use crate::engine::{ContainerSpec, LogStream, Overlay, copy_lines};
 
+/// The file a container's output is copied into; swapped when the log is reopened.
+pub(crate) type SharedLog = Arc<StdMutex<std::fs::File>>;
+
 /// Largest environment plus arguments a container may get; past this, execve fails (E2BIG)
 /// inside the container where nobody sees why, so it is refused up front.
 const MAX_ARG_BYTES: usize = 1024 * 1024;
@@ -73,8 +76,8 @@ impl Runtime {
         let layers = self.images.layers(&image);
         let created =
             self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, log_path.as_ref());
-        let start_error = match created {
-            Ok(start_error) => start_error,
+        let (start_error, log) = match created {
+            Ok(created) => created,
             Err(err) => {
                 let _ = self.crun_for(pause_pid).delete(&id, true);
                 if let Ok(overlay) = Overlay::new(&dir, vec![]) {
@@ -102,6 +105,7 @@ impl Runtime {
             sandbox_pid: None,
             exited,
             start_error,
+            log,
         };
         self.state.lock().await.containers.insert(id.clone(), container);
         info!(container = %id, image = %image.id, "container created");
@@ -119,7 +123,7 @@ impl Runtime {
         mounts: Vec<(PathBuf, String, bool)>,
         config: &cri::ContainerConfig,
         log_path: Option<&PathBuf>,
-    ) -> Result<Option<String>> {
+    ) -> Result<(Option<String>, SharedLog)> {
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
@@ -161,14 +165,14 @@ impl Runtime {
             tokio::spawn(copy_lines(receiver, stream, log.clone()));
         }
         match self.crun_for(pause_pid).create(id, &dir.join("bundle"), out_w.into(), err_w.into()) {
-            Ok(()) => Ok(None),
+            Ok(()) => Ok((None, log)),
             // crun checks the command at create (its init has already written the reason to the
             // container's stderr, so it is in the log). Kubernetes users expect what a shell
             // gives: the container starts and exits 127, not a failed create.
             Err(crate::engine::Error::Command { stderr, .. })
                 if stderr.contains("executable file") && stderr.contains("not found") =>
             {
-                Ok(Some(stderr.lines().last().unwrap_or(&stderr).to_owned()))
+                Ok((Some(stderr.lines().last().unwrap_or(&stderr).to_owned()), log))
             }
             Err(e) => Err(e.into()),
         }
@@ -261,6 +265,28 @@ impl Runtime {
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))?;
         self.state.lock().await.containers.remove(&id);
         info!(container = %id, "container removed");
+        Ok(())
+    }
+
+    /// Reopens the container's log file at its path, after the kubelet rotated it away.
+    pub async fn reopen_container_log(&self, wanted: &str) -> Result<()> {
+        let id = self.resolve_container(wanted).await?;
+        let state = self.state.lock().await;
+        let c =
+            state.containers.get(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+        // CRI: for a container that is not running, either reopen or fail, and then never
+        // create the file; failing is the simpler promise.
+        if c.state != cri::ContainerState::ContainerRunning {
+            return Err(Error::FailedPrecondition(format!("container {id} is not running")));
+        }
+        let Some(path) = &c.log_path else { return Ok(()) };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io("reopen", path, e))?;
+        *c.log.lock().map_err(|_| Error::FailedPrecondition("log writer poisoned".into()))? = file;
+        info!(container = %id, log = %path.display(), "container log reopened");
         Ok(())
     }
 

@@ -69,6 +69,8 @@ pub struct Container {
     /// Why the container cannot start (its command is not in the image): it then "starts" and
     /// exits 127 at once, as a shell would, with the reason in its log.
     pub(crate) start_error: Option<String>,
+    /// Where its output goes (swapped by ReopenContainerLog).
+    pub(crate) log: container::SharedLog,
 }
 
 /// Sandboxes and containers, one lock: operations are short, and the heavy parts (crun, mounts,

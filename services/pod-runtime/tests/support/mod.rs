@@ -77,6 +77,11 @@ impl Runtime {
         runtime
     }
 
+    /// The CRI socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
