@@ -43,8 +43,7 @@ pub fn tools_present(tools: &[&str]) -> bool {
     false
 }
 
-/// A running hpk-pod-runtime; SIGTERM and reaped on drop. Sandboxes it leaves are removed by
-/// the test through crictl before that.
+/// A running hpk-pod-runtime; on drop its pods are removed, then it gets SIGTERM and is reaped.
 pub struct Runtime {
     child: Child,
     socket: PathBuf,
@@ -121,6 +120,9 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // Sandboxes outlive the runtime by design; a test that failed midway must not leave its
+        // pods running, so remove them all before stopping the runtime.
+        let _ = self.crictl(&["rmp", "--all", "--force"]);
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid")),
             nix::sys::signal::Signal::SIGTERM,
