@@ -2,6 +2,8 @@
 //! harness (busybox-static, no Docker): pulls, sharing, whiteouts on a real overlay mount,
 //! garbage collection, and bad input that must fail cleanly.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
@@ -13,29 +15,11 @@ use hpk_integration::image::{
     self, Blob, Digest, HTTPD_INDEX, Image, Layer, LayerBuilder, OCI_LAYER_GZIP, OCI_MANIFEST, build_image,
     httpd_image, shell_image,
 };
-use hpk_integration::registry::{self, Client, Registry};
+use hpk_integration::registry::{Client, Registry};
 use hpk_pod_runtime::images::{Error, ImageStore, OPAQUE_XATTR, StoreOptions};
+use support::tools_present;
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-
-/// Whether the registry and busybox are installed; when they are not, fails under
-/// `HPK_REQUIRE_TOOLS=1` and otherwise says why the test is skipped.
-fn tools_present() -> bool {
-    let mut missing = Vec::new();
-    if registry::find_registry().is_none() {
-        missing.push("docker-registry (apt-get install docker-registry)");
-    }
-    if !image::busybox_available() {
-        missing.push("/bin/busybox (apt-get install busybox-static)");
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    let why = format!("missing {}", missing.join(", "));
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "HPK_REQUIRE_TOOLS=1 but {why}");
-    eprintln!("SKIPPED: {why}");
-    false
-}
 
 /// A registry, a client pushing to it, and an empty store that reaches it over plain HTTP.
 struct Env {
@@ -94,7 +78,7 @@ fn hex(digest: &Digest) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_by_tag_and_by_digest_give_the_same_image() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -138,7 +122,7 @@ async fn pull_by_tag_and_by_digest_give_the_same_image() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_layers_are_unpacked_once_and_collected_only_when_unused() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -199,7 +183,7 @@ impl Drop for Overlay {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whiteouts_and_opaque_dirs_work_on_an_overlay_mount() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -241,7 +225,7 @@ async fn whiteouts_and_opaque_dirs_work_on_an_overlay_mount() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_references_missing_images_and_dead_registries_change_nothing() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -284,7 +268,7 @@ fn corrupt_in_registry(registry: &Registry, digest: &Digest) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_blobs_and_lying_diff_ids_are_refused() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -334,7 +318,7 @@ fn raw_layer(name: &str) -> Layer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layer_escaping_its_root_is_refused() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -351,7 +335,7 @@ async fn a_layer_escaping_its_root_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reopening_the_store_reloads_the_index() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -379,7 +363,7 @@ async fn reopening_the_store_reloads_the_index() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_pulls_of_one_reference_download_once() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
@@ -441,7 +425,7 @@ async fn put_index(registry: &Registry, repo: &str, tag: &str, index: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_index_resolves_to_its_linux_amd64_image() {
-    if !tools_present() {
+    if !tools_present(&["docker-registry"]) {
         return;
     }
     let env = Env::start().await;
