@@ -6,10 +6,12 @@
 //! - [`engine`]: the crun engine: OCI bundles, overlay roots, CRI logs, the mount namespace.
 //! - [`images`]: the OCI image store of the crun engine.
 //! - [`pause`]: the logic of `hpk-pause`, PID 1 of every sandbox.
+//! - [`logshim`]: the per-container process that writes a container's output to its CRI log.
 
 pub mod cri;
 pub mod engine;
 pub mod images;
+pub mod logshim;
 pub mod pause;
 pub mod runtime;
 pub mod server;

@@ -79,8 +79,11 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         pause_binary,
         pause_grace_seconds: args.pod_grace_seconds,
         cgroup_mode: args.cgroup_mode,
+        shim_binary: std::env::current_exe()
+            .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
     };
     let runtime = Runtime::new(config, crun, images)?;
+    runtime.recover().await?;
     for limit in crate::engine::limits_not_enforced(args.cgroup_mode) {
         tracing::warn!(%limit, "resource limits");
     }

@@ -71,7 +71,7 @@ impl Events {
 
     fn ready(&mut self) -> i32 {
         match self.next() {
-            Event::Ready { pid } => pid,
+            Event::Ready { pid, .. } => pid,
             other => panic!("expected the ready line, got {other:?}"),
         }
     }
@@ -376,7 +376,7 @@ fn a_fifo_works_as_the_events_channel() {
         &["--events", fifo.to_str().expect("utf-8 temp path"), "--", "sh", "-c", "echo $$; exit 5"],
         runtime.dir.path().join("pause.log"),
     );
-    assert_eq!(next(), Event::Ready { pid: pause.pid() });
+    assert_eq!(next(), Event::Ready { pid: pause.pid(), queued: 0 });
     let sh = pause.pid_line();
     assert_eq!(next(), Event::Exit(ChildExit::exited(sh, 5)));
     pause.stop();

@@ -18,6 +18,16 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == hpk_pod_runtime::logshim::SUBCOMMAND) {
+        let args = hpk_pod_runtime::logshim::Args::parse_from(std::env::args_os().skip(1));
+        return match hpk_pod_runtime::logshim::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("hpk-pod-runtime log-shim {}: {e}", args.id);
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut cli = Cli::parse();
     hpk_rpc::telemetry::init(cli.log_format);
     // Before any thread exists: a multi-threaded process cannot unshare its mount namespace.

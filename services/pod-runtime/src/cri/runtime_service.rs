@@ -181,30 +181,34 @@ impl RuntimeService for Runtime {
 
     async fn container_stats(
         &self,
-        _: Request<cri::ContainerStatsRequest>,
+        r: Request<cri::ContainerStatsRequest>,
     ) -> Reply<cri::ContainerStatsResponse> {
-        unimplemented("ContainerStats")
+        let stats = self.0.container_stats(&r.into_inner().container_id).await?;
+        Ok(Response::new(cri::ContainerStatsResponse { stats: Some(stats) }))
     }
 
     async fn list_container_stats(
         &self,
-        _: Request<cri::ListContainerStatsRequest>,
+        r: Request<cri::ListContainerStatsRequest>,
     ) -> Reply<cri::ListContainerStatsResponse> {
-        unimplemented("ListContainerStats")
+        let stats = self.0.list_container_stats(r.into_inner().filter).await;
+        Ok(Response::new(cri::ListContainerStatsResponse { stats }))
     }
 
     async fn pod_sandbox_stats(
         &self,
-        _: Request<cri::PodSandboxStatsRequest>,
+        r: Request<cri::PodSandboxStatsRequest>,
     ) -> Reply<cri::PodSandboxStatsResponse> {
-        unimplemented("PodSandboxStats")
+        let stats = self.0.sandbox_stats(&r.into_inner().pod_sandbox_id).await?;
+        Ok(Response::new(cri::PodSandboxStatsResponse { stats: Some(stats) }))
     }
 
     async fn list_pod_sandbox_stats(
         &self,
-        _: Request<cri::ListPodSandboxStatsRequest>,
+        r: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Reply<cri::ListPodSandboxStatsResponse> {
-        unimplemented("ListPodSandboxStats")
+        let stats = self.0.list_sandbox_stats(r.into_inner().filter).await;
+        Ok(Response::new(cri::ListPodSandboxStatsResponse { stats }))
     }
 
     async fn update_runtime_config(
@@ -230,7 +234,28 @@ impl RuntimeService for Runtime {
         &self,
         _: Request<cri::GetEventsRequest>,
     ) -> Reply<Self::GetContainerEventsStream> {
-        unimplemented("GetContainerEvents")
+        use tokio::sync::broadcast::error::RecvError;
+        let mut events = self.0.subscribe_events();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let item = match events.recv().await {
+                    Ok(event) => Ok(event),
+                    // A subscriber that falls behind gets an error and the stream ends: it
+                    // must list again, as the kubelet does when its event stream breaks.
+                    Err(RecvError::Lagged(n)) => {
+                        Err(Status::aborted(format!("the event stream fell {n} events behind; list again")))
+                    }
+                    Err(RecvError::Closed) => return,
+                };
+                let last = item.is_err();
+                if tx.send(item).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        let events = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(events)))
     }
 
     async fn list_metric_descriptors(

@@ -70,7 +70,8 @@ impl EventsChannel {
         self.written = 0;
         // One ready line, first, on each connection.
         self.pending.retain(|event| !matches!(event, Event::Ready { .. }));
-        self.pending.push_front(Event::Ready { pid: self.own_pid });
+        let queued = self.pending.len();
+        self.pending.push_front(Event::Ready { pid: self.own_pid, queued });
     }
 
     fn try_open(&mut self) -> bool {
@@ -188,7 +189,7 @@ mod tests {
         let mut channel = EventsChannel::connect(&path, 5).expect("connect");
         let (first, _) = listener.accept().expect("accept");
         let mut first = BufReader::new(first);
-        assert_eq!(read_event(&mut first), Event::Ready { pid: 5 });
+        assert_eq!(read_event(&mut first), Event::Ready { pid: 5, queued: 0 });
 
         // The runtime goes away: the socket closes and its file is gone.
         drop((first, listener));
@@ -201,7 +202,7 @@ mod tests {
         channel.send(Event::Exit(ChildExit::exited(7, 2)));
         let (second, _) = listener.accept().expect("accept");
         let mut second = BufReader::new(second);
-        assert_eq!(read_event(&mut second), Event::Ready { pid: 5 });
+        assert_eq!(read_event(&mut second), Event::Ready { pid: 5, queued: 2 });
         assert_eq!(read_event(&mut second), Event::Exit(ChildExit::exited(6, 1)));
         assert_eq!(read_event(&mut second), Event::Exit(ChildExit::exited(7, 2)));
         assert_eq!(channel.pending(), 0);

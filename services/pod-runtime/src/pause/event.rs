@@ -1,6 +1,8 @@
 //! The lines `hpk-pause` writes on the events channel: one JSON object per line.
 //!
-//! - `{"ready":true,"pid":<own pid>}` first on every connection, once signals are handled;
+//! - `{"ready":true,"pid":<own pid>,"queued":<n>}` first on every connection, once signals are
+//!   handled; `queued` exit lines kept while no runtime listened follow it at once (a runtime
+//!   that restarted reads them before it reconciles its containers with `/proc`);
 //! - `{"pid":..,"host_pid":..,"exit_code":..,"signal":..}` for every reaped process.
 //!
 //! PIDs are those of the pause's PID namespace; `host_pid` is always `null` from the pause
@@ -42,6 +44,8 @@ pub enum Event {
     Ready {
         /// The pause's PID in its namespace.
         pid: i32,
+        /// How many exit lines, kept while the channel was closed, follow this one.
+        queued: usize,
     },
     /// A process was reaped.
     Exit(ChildExit),
@@ -51,7 +55,12 @@ pub enum Event {
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum Wire {
-    Ready { ready: bool, pid: i32 },
+    Ready {
+        ready: bool,
+        pid: i32,
+        #[serde(default)]
+        queued: usize,
+    },
     Exit(ChildExit),
 }
 
@@ -59,7 +68,7 @@ impl Event {
     /// The event as one JSON line, newline included.
     pub fn to_line(&self) -> String {
         let wire = match *self {
-            Event::Ready { pid } => Wire::Ready { ready: true, pid },
+            Event::Ready { pid, queued } => Wire::Ready { ready: true, pid, queued },
             Event::Exit(exit) => Wire::Exit(exit),
         };
         let mut line = serde_json::to_string(&wire).expect("integers and options always serialize to JSON");
@@ -70,7 +79,7 @@ impl Event {
     /// Parses one line written by [`Event::to_line`] (for the runtime and tests).
     pub fn from_line(line: &str) -> Result<Self, serde_json::Error> {
         match serde_json::from_str(line.trim_end())? {
-            Wire::Ready { ready: true, pid } => Ok(Event::Ready { pid }),
+            Wire::Ready { ready: true, pid, queued } => Ok(Event::Ready { pid, queued }),
             Wire::Ready { ready: false, .. } => {
                 Err(serde::de::Error::custom("\"ready\": false is never sent by hpk-pause"))
             }
@@ -85,7 +94,7 @@ mod tests {
 
     #[test]
     fn lines_match_the_documented_format() {
-        assert_eq!(Event::Ready { pid: 1 }.to_line(), "{\"ready\":true,\"pid\":1}\n");
+        assert_eq!(Event::Ready { pid: 1, queued: 0 }.to_line(), "{\"ready\":true,\"pid\":1,\"queued\":0}\n");
         assert_eq!(
             Event::Exit(ChildExit::exited(7, 3)).to_line(),
             "{\"pid\":7,\"host_pid\":null,\"exit_code\":3,\"signal\":null}\n"
@@ -99,7 +108,7 @@ mod tests {
     #[test]
     fn lines_round_trip() {
         for event in [
-            Event::Ready { pid: 42 },
+            Event::Ready { pid: 42, queued: 3 },
             Event::Exit(ChildExit::exited(2, 0)),
             Event::Exit(ChildExit::killed(3, 15)),
         ] {

@@ -2,20 +2,29 @@
 //! ListContainers.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 use tracing::info;
 
 use super::events::mark_exited;
 use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
-use crate::engine::{ContainerSpec, LogStream, Overlay, copy_lines};
+use crate::engine::{ContainerSpec, Overlay};
 
-/// The file a container's output is copied into; swapped when the log is reopened.
-pub(crate) type SharedLog = Arc<StdMutex<std::fs::File>>;
+/// How long a log shim may take to open its FIFOs.
+const SHIM_READY: Duration = Duration::from_secs(10);
+
+/// A container's stdout and stderr, and the shim reading them.
+struct Output {
+    stdout: Stdio,
+    stderr: Stdio,
+    shim_pid: Option<u32>,
+}
 
 /// Largest environment plus arguments a container may get; past this, execve fails (E2BIG)
 /// inside the container where nobody sees why, so it is refused up front.
@@ -74,9 +83,15 @@ impl Runtime {
         let id = new_id()?;
         let dir = self.container_dir(&id);
         let layers = self.images.layers(&image);
-        let created =
-            self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, log_path.as_ref());
-        let (start_error, log) = match created {
+        let created = match self.start_output(&id, &dir, log_path.as_ref()).await {
+            Ok(output) => {
+                let shim_pid = output.shim_pid;
+                self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, output)
+                    .map(|start_error| (start_error, shim_pid))
+            }
+            Err(err) => Err(err),
+        };
+        let (start_error, shim_pid) = match created {
             Ok(created) => created,
             Err(err) => {
                 let _ = self.crun_for(pause_pid).delete(&id, true);
@@ -90,6 +105,7 @@ impl Runtime {
         let (exited, _) = watch::channel(false);
         let container = Container {
             id: id.clone(),
+            dir,
             sandbox_id,
             config,
             image_ref,
@@ -105,25 +121,119 @@ impl Runtime {
             sandbox_pid: None,
             exited,
             start_error,
-            log,
+            shim_pid,
         };
-        self.state.lock().await.containers.insert(id.clone(), container);
+        if let Err(err) = container.save_all() {
+            let _ = self.crun_for(pause_pid).delete(&id, true);
+            let _ = Overlay::new(&container.dir, vec![]).and_then(|o| o.unmount(&self.crun));
+            let _ = std::fs::remove_dir_all(&container.dir);
+            return Err(err);
+        }
+        let mut state = self.state.lock().await;
+        state.containers.insert(id.clone(), container);
+        self.emit(&state, &id, cri::ContainerEventType::ContainerCreatedEvent);
+        drop(state);
         info!(container = %id, image = %image.id, "container created");
         Ok(id)
+    }
+
+    /// Where the container's stdout and stderr go: FIFOs read by a log shim writing
+    /// `log_path`, or nowhere when the kubelet asked for no log.
+    async fn start_output(&self, id: &str, dir: &Path, log_path: Option<&PathBuf>) -> Result<Output> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        let Some(log_path) = log_path else {
+            return Ok(Output { stdout: Stdio::null(), stderr: Stdio::null(), shim_pid: None });
+        };
+        if let Some(parent) = log_path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
+        }
+        let fifos = [dir.join("stdout.fifo"), dir.join("stderr.fifo")];
+        for fifo in &fifos {
+            nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .map_err(|e| Error::io("create", fifo, e.into()))?;
+        }
+        let shim_log = dir.join("shim.log");
+        let shim_stderr = std::fs::File::create(&shim_log).map_err(|e| Error::io("create", &shim_log, e))?;
+        let mut shim = tokio::process::Command::new(&self.config.shim_binary)
+            .arg(crate::logshim::SUBCOMMAND)
+            .arg("--id")
+            .arg(id)
+            .arg("--stdout")
+            .arg(&fifos[0])
+            .arg("--stderr")
+            .arg(&fifos[1])
+            .arg("--log")
+            .arg(log_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(shim_stderr)
+            // Its own process group: a signal to the runtime's group leaves the logs flowing.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::io("start the log shim", &self.config.shim_binary, e))?;
+        let shim_pid = shim.id();
+        let ready = async {
+            let mut line = String::new();
+            if let Some(out) = shim.stdout.take() {
+                BufReader::new(out)
+                    .read_line(&mut line)
+                    .await
+                    .map_err(|e| Error::io("read", &shim_log, e))?;
+            }
+            Ok::<_, Error>(line)
+        };
+        let line = match tokio::time::timeout(SHIM_READY, ready).await {
+            Ok(Ok(line)) if line.trim() == "ready" => line,
+            outcome => {
+                let _ = shim.start_kill();
+                let _ = shim.wait().await;
+                let why = std::fs::read_to_string(&shim_log).unwrap_or_default();
+                return Err(Error::FailedPrecondition(format!(
+                    "the log shim of container {id} did not start ({}): {}",
+                    match outcome {
+                        Ok(Ok(_)) => "it exited".to_owned(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("not ready within {SHIM_READY:?}"),
+                    },
+                    why.trim()
+                )));
+            }
+        };
+        debug_assert_eq!(line.trim(), "ready");
+        // Reaped here while this runtime lives; after a restart the host's init reaps it.
+        tokio::spawn(async move {
+            let _ = shim.wait().await;
+        });
+        let open = |fifo: &PathBuf| -> Result<Stdio> {
+            // The shim holds the reading end, so this neither blocks nor fails with ENXIO.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::libc::O_NONBLOCK)
+                .open(fifo)
+                .map_err(|e| Error::io("open", fifo, e))?;
+            let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
+                .map_err(|e| Error::io("configure", fifo, e.into()))?;
+            let mut flags = nix::fcntl::OFlag::from_bits_truncate(flags);
+            flags.remove(nix::fcntl::OFlag::O_NONBLOCK);
+            nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(flags))
+                .map_err(|e| Error::io("configure", fifo, e.into()))?;
+            Ok(Stdio::from(file))
+        };
+        Ok(Output { stdout: open(&fifos[0])?, stderr: open(&fifos[1])?, shim_pid })
     }
 
     #[allow(clippy::too_many_arguments)]
     fn create_in(
         &self,
         id: &str,
-        dir: &std::path::Path,
+        dir: &Path,
         layers: Vec<PathBuf>,
         pause_pid: u32,
         process: Process,
         mounts: Vec<(PathBuf, String, bool)>,
         config: &cri::ContainerConfig,
-        log_path: Option<&PathBuf>,
-    ) -> Result<(Option<String>, SharedLog)> {
+        output: Output,
+    ) -> Result<Option<String>> {
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
@@ -139,40 +249,15 @@ impl Runtime {
             readonly_rootfs: security.is_some_and(|s| s.readonly_rootfs),
         };
         spec.write_bundle(&dir.join("bundle"))?;
-        let log_file = match log_path {
-            Some(path) => {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
-                }
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| Error::io("open", path, e))?
-            }
-            None => std::fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/null")
-                .map_err(|e| Error::io("open", "/dev/null", e))?,
-        };
-        let log = Arc::new(StdMutex::new(log_file));
-        let (out_r, out_w) = std::io::pipe().map_err(|e| Error::io("create", "stdout pipe", e))?;
-        let (err_r, err_w) = std::io::pipe().map_err(|e| Error::io("create", "stderr pipe", e))?;
-        for (reader, stream) in [(out_r, LogStream::Stdout), (err_r, LogStream::Stderr)] {
-            let receiver =
-                tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
-                    .map_err(|e| Error::io("watch", "log pipe", e))?;
-            tokio::spawn(copy_lines(receiver, stream, log.clone()));
-        }
-        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), out_w.into(), err_w.into()) {
-            Ok(()) => Ok((None, log)),
+        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), output.stdout, output.stderr) {
+            Ok(()) => Ok(None),
             // crun checks the command at create (its init has already written the reason to the
             // container's stderr, so it is in the log). Kubernetes users expect what a shell
             // gives: the container starts and exits 127, not a failed create.
             Err(crate::engine::Error::Command { stderr, .. })
                 if stderr.contains("executable file") && stderr.contains("not found") =>
             {
-                Ok((Some(stderr.lines().last().unwrap_or(&stderr).to_owned()), log))
+                Ok(Some(stderr.lines().last().unwrap_or(&stderr).to_owned()))
             }
             Err(e) => Err(e.into()),
         }
@@ -198,6 +283,8 @@ impl Runtime {
             if let Some(message) = c.start_error.clone() {
                 c.started_at = now_nanos();
                 mark_exited(c, 127, &message);
+                self.emit(&state, &id, cri::ContainerEventType::ContainerStartedEvent);
+                self.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
                 info!(container = %id, %message, "container command not found; exited 127");
                 return Ok(());
             }
@@ -215,11 +302,16 @@ impl Runtime {
         c.state = cri::ContainerState::ContainerRunning;
         c.started_at = now_nanos();
         c.sandbox_pid = sandbox_pid;
+        c.save();
         let early = sandboxes
             .get_mut(&c.sandbox_id)
             .and_then(|s| sandbox_pid.and_then(|p| s.unclaimed_exits.remove(&p)));
         if let Some(status) = early {
             mark_exited(c, status, "");
+        }
+        self.emit(&state, &id, cri::ContainerEventType::ContainerStartedEvent);
+        if early.is_some() {
+            self.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
         }
         info!(container = %id, ?sandbox_pid, "container started");
         Ok(())
@@ -258,12 +350,26 @@ impl Runtime {
     pub async fn remove_container(&self, wanted: &str) -> Result<()> {
         let Ok(id) = self.resolve_container(wanted).await else { return Ok(()) };
         self.stop_container(&id, 0).await?;
-        let pause_pid = self.state.lock().await.containers.get(&id).map(|c| c.pause_pid).unwrap_or(0);
+        let (pause_pid, shim_pid) = {
+            let state = self.state.lock().await;
+            let c = state.containers.get(&id);
+            (c.map(|c| c.pause_pid).unwrap_or(0), c.and_then(|c| c.shim_pid))
+        };
         self.crun_for(pause_pid).delete(&id, true)?;
+        // The shim ends by itself once every writer is gone; a process the container left
+        // behind may still hold its stdout, and nothing reads that log any more.
+        let shim = shim_pid.filter(|pid| crate::logshim::is_shim_of(*pid, &id));
+        if let Some(pid) = shim.and_then(|pid| i32::try_from(pid).ok()) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
         let dir = self.container_dir(&id);
         Overlay::new(&dir, vec![])?.unmount(&self.crun)?;
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))?;
-        self.state.lock().await.containers.remove(&id);
+        let mut state = self.state.lock().await;
+        self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);
+        state.containers.remove(&id);
+        drop(state);
         info!(container = %id, "container removed");
         Ok(())
     }
@@ -280,12 +386,23 @@ impl Runtime {
             return Err(Error::FailedPrecondition(format!("container {id} is not running")));
         }
         let Some(path) = &c.log_path else { return Ok(()) };
-        let file = std::fs::OpenOptions::new()
+        // The file exists when this returns, as the kubelet expects; the shim switches to it
+        // on the signal.
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o640)
             .open(path)
             .map_err(|e| Error::io("reopen", path, e))?;
-        *c.log.lock().map_err(|_| Error::FailedPrecondition("log writer poisoned".into()))? = file;
+        let shim = c
+            .shim_pid
+            .filter(|pid| crate::logshim::is_shim_of(*pid, &id))
+            .and_then(|pid| i32::try_from(pid).ok())
+            .ok_or_else(|| {
+                Error::FailedPrecondition(format!("container {id} has no log shim: its output has ended"))
+            })?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGUSR1)
+            .map_err(|e| Error::io("signal the log shim of", &c.dir, e.into()))?;
         info!(container = %id, log = %path.display(), "container log reopened");
         Ok(())
     }
@@ -296,24 +413,7 @@ impl Runtime {
         let state = self.state.lock().await;
         let c =
             state.containers.get(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
-        Ok(cri::ContainerStatus {
-            id: c.id.clone(),
-            metadata: c.config.metadata.clone(),
-            state: c.state as i32,
-            created_at: c.created_at,
-            started_at: c.started_at,
-            finished_at: c.finished_at,
-            exit_code: c.exit_code,
-            image: c.config.image.clone(),
-            image_ref: c.image_ref.clone(),
-            image_id: c.image_id.clone(),
-            reason: c.reason.clone(),
-            labels: c.config.labels.clone(),
-            annotations: c.config.annotations.clone(),
-            mounts: c.config.mounts.clone(),
-            log_path: c.log_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            ..Default::default()
-        })
+        Ok(c.status())
     }
 
     /// Containers matching `filter`.
@@ -348,6 +448,31 @@ impl Runtime {
                 annotations: c.config.annotations.clone(),
             })
             .collect()
+    }
+}
+
+impl Container {
+    /// Its CRI status.
+    pub(crate) fn status(&self) -> cri::ContainerStatus {
+        let c = self;
+        cri::ContainerStatus {
+            id: c.id.clone(),
+            metadata: c.config.metadata.clone(),
+            state: c.state as i32,
+            created_at: c.created_at,
+            started_at: c.started_at,
+            finished_at: c.finished_at,
+            exit_code: c.exit_code,
+            image: c.config.image.clone(),
+            image_ref: c.image_ref.clone(),
+            image_id: c.image_id.clone(),
+            reason: c.reason.clone(),
+            labels: c.config.labels.clone(),
+            annotations: c.config.annotations.clone(),
+            mounts: c.config.mounts.clone(),
+            log_path: c.log_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            ..Default::default()
+        }
     }
 }
 

@@ -29,10 +29,18 @@ pub(crate) fn parse_exit(line: &str) -> Option<Exit> {
     }
 }
 
+/// The number of queued exits a ready line announces; `None` for other lines.
+pub(crate) fn parse_ready(line: &str) -> Option<usize> {
+    match Event::from_line(line).ok()? {
+        Event::Ready { queued, .. } => Some(queued),
+        Event::Exit(_) => None,
+    }
+}
+
 /// Reads the pause's events until it disconnects (the sandbox stopped), then marks the sandbox
 /// not ready and its still-running containers exited.
-pub(crate) async fn watch(runtime: Arc<Runtime>, sandbox_id: String, stream: UnixStream) {
-    let mut lines = BufReader::new(stream).lines();
+pub(crate) async fn watch(runtime: Arc<Runtime>, sandbox_id: String, stream: BufReader<UnixStream>) {
+    let mut lines = stream.lines();
     loop {
         match lines.next_line().await {
             Ok(Some(line)) => {
@@ -49,19 +57,38 @@ pub(crate) async fn watch(runtime: Arc<Runtime>, sandbox_id: String, stream: Uni
             }
         }
     }
-    let mut state = runtime.state.lock().await;
-    if let Some(sandbox) = state.sandboxes.get_mut(&sandbox_id) {
-        sandbox.ready = false;
-    }
-    for container in state.containers.values_mut().filter(|c| c.sandbox_id == sandbox_id) {
-        if container.state == cri::ContainerState::ContainerRunning {
-            mark_exited(container, 137, "the sandbox stopped");
-        }
-    }
-    info!(sandbox = %sandbox_id, "sandbox stopped");
+    sandbox_gone(&runtime, &sandbox_id, "the sandbox stopped").await;
 }
 
-async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
+/// The sandbox's pause is gone: the sandbox is not ready, and its running containers were
+/// killed with it (a PID namespace dies with its init).
+pub(crate) async fn sandbox_gone(runtime: &Runtime, sandbox_id: &str, why: &str) {
+    let mut state = runtime.state.lock().await;
+    let was_ready = match state.sandboxes.get_mut(sandbox_id) {
+        Some(sandbox) if sandbox.ready => {
+            sandbox.ready = false;
+            sandbox.save(&runtime.sandbox_dir(sandbox_id));
+            true
+        }
+        _ => false,
+    };
+    let mut stopped = Vec::new();
+    for container in state.containers.values_mut().filter(|c| c.sandbox_id == sandbox_id) {
+        if container.state == cri::ContainerState::ContainerRunning {
+            mark_exited(container, 137, why);
+            stopped.push(container.id.clone());
+        }
+    }
+    for id in &stopped {
+        runtime.emit(&state, id, cri::ContainerEventType::ContainerStoppedEvent);
+    }
+    if was_ready {
+        runtime.emit(&state, sandbox_id, cri::ContainerEventType::ContainerStoppedEvent);
+        info!(sandbox = %sandbox_id, "sandbox stopped");
+    }
+}
+
+pub(crate) async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
     let mut state = runtime.state.lock().await;
     let owner = state
         .containers
@@ -71,6 +98,8 @@ async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
         Some(container) => {
             info!(container = %container.id, status = exit.status, "container exited");
             mark_exited(container, exit.status, "");
+            let id = container.id.clone();
+            runtime.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
         }
         // Not (yet) known as a container's init: a process the container left behind, or an
         // init whose start is still being recorded; start_container looks here.
@@ -92,6 +121,39 @@ pub(crate) fn mark_exited(container: &mut super::Container, status: i32, message
         container.reason = format!("{}: {message}", container.reason);
     }
     container.exited.send_replace(true);
+    container.save();
+}
+
+impl Runtime {
+    /// Tells GetContainerEvents subscribers that `id` (a container, or a sandbox whose own
+    /// lifecycle changed) had event `kind`, with the sandbox's status and its containers'.
+    pub(crate) fn emit(&self, state: &super::State, id: &str, kind: cri::ContainerEventType) {
+        if self.events.receiver_count() == 0 {
+            return;
+        }
+        let sandbox_id = match state.containers.get(id) {
+            Some(c) => c.sandbox_id.as_str(),
+            None => id,
+        };
+        let event = cri::ContainerEventResponse {
+            container_id: id.to_owned(),
+            container_event_type: kind as i32,
+            created_at: now_nanos(),
+            pod_sandbox_status: state.sandboxes.get(sandbox_id).map(super::Sandbox::status),
+            containers_statuses: state
+                .containers
+                .values()
+                .filter(|c| c.sandbox_id == sandbox_id)
+                .map(super::Container::status)
+                .collect(),
+        };
+        let _ = self.events.send(event);
+    }
+
+    /// A stream of every container and sandbox event from now on.
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<cri::ContainerEventResponse> {
+        self.events.subscribe()
+    }
 }
 
 #[cfg(test)]

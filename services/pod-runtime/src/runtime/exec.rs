@@ -217,10 +217,10 @@ impl Drop for Running {
 }
 
 /// A process in a sandbox's PID namespace, seen from the host.
-struct SandboxProcess {
-    host_pid: i32,
-    sandbox_pid: i32,
-    session: i32,
+pub(crate) struct SandboxProcess {
+    pub(crate) host_pid: i32,
+    pub(crate) sandbox_pid: i32,
+    pub(crate) session: i32,
 }
 
 /// SIGKILLs the process numbered `pid` in the PID namespace of `pause_pid`, and every process
@@ -240,7 +240,7 @@ fn kill_session_of(pause_pid: u32, pid: i32) {
 }
 
 /// The processes in the PID namespace of `pause_pid`, from the host's /proc.
-fn sandbox_processes(pause_pid: u32) -> Vec<SandboxProcess> {
+pub(crate) fn sandbox_processes(pause_pid: u32) -> Vec<SandboxProcess> {
     let Ok(ns) = std::fs::read_link(format!("/proc/{pause_pid}/ns/pid")) else { return Vec::new() };
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries

@@ -5,7 +5,10 @@ mod container;
 mod error;
 mod events;
 mod exec;
+mod record;
+mod recover;
 mod sandbox;
+mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,9 +19,14 @@ use k8s_cri::v1 as cri;
 use tokio::sync::{Mutex, watch};
 
 pub use error::{Error, Result};
+pub use recover::Recovered;
 
 use crate::engine::Crun;
 use crate::images::ImageStore;
+
+/// Events a slow GetContainerEvents subscriber may fall behind by before it is told it lost
+/// some (the kubelet then relists).
+const EVENT_BACKLOG: usize = 1024;
 
 /// How the runtime is set up.
 #[derive(Clone, Debug)]
@@ -31,6 +39,8 @@ pub struct Config {
     pub pause_grace_seconds: u32,
     /// The host's cgroup mode, for saying which limits are not enforced.
     pub cgroup_mode: crate::engine::CgroupMode,
+    /// The program run as `PROGRAM log-shim …` for each container with a log (this binary).
+    pub shim_binary: PathBuf,
 }
 
 /// A sandbox the runtime manages.
@@ -49,6 +59,8 @@ pub struct Sandbox {
 #[derive(Debug)]
 pub struct Container {
     pub(crate) id: String,
+    /// Its directory: bundle, root filesystem layers, output FIFOs, records.
+    pub(crate) dir: PathBuf,
     pub(crate) sandbox_id: String,
     pub(crate) config: cri::ContainerConfig,
     pub(crate) image_ref: String,
@@ -69,8 +81,8 @@ pub struct Container {
     /// Why the container cannot start (its command is not in the image): it then "starts" and
     /// exits 127 at once, as a shell would, with the reason in its log.
     pub(crate) start_error: Option<String>,
-    /// Where its output goes (swapped by ReopenContainerLog).
-    pub(crate) log: container::SharedLog,
+    /// The log shim copying its output into `log_path` (see [`crate::logshim`]).
+    pub(crate) shim_pid: Option<u32>,
 }
 
 /// Sandboxes and containers, one lock: operations are short, and the heavy parts (crun, mounts,
@@ -88,6 +100,10 @@ pub struct Runtime {
     pub(crate) crun: Crun,
     pub(crate) images: ImageStore,
     pub(crate) state: Mutex<State>,
+    /// Container and sandbox lifecycle events for GetContainerEvents subscribers.
+    pub(crate) events: tokio::sync::broadcast::Sender<cri::ContainerEventResponse>,
+    /// The previous CPU sample of each container and sandbox, for usage rates.
+    pub(crate) cpu_samples: stats::CpuSamples,
 }
 
 impl Runtime {
@@ -97,7 +113,15 @@ impl Runtime {
             let path = config.root.join(dir);
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
         }
-        Ok(Arc::new(Self { config, crun, images, state: Mutex::new(State::default()) }))
+        let (events, _) = tokio::sync::broadcast::channel(EVENT_BACKLOG);
+        Ok(Arc::new(Self {
+            config,
+            crun,
+            images,
+            state: Mutex::new(State::default()),
+            events,
+            cpu_samples: Default::default(),
+        }))
     }
 
     /// The host's cgroup mode.

@@ -84,7 +84,7 @@ impl Runtime {
             if !line.contains("\"ready\"") {
                 return Err(Error::FailedPrecondition(format!("hpk-pause said {line:?} instead of ready")));
             }
-            Ok(reader.into_inner())
+            Ok(reader)
         };
         let stream = tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
             Error::Timeout(format!("hpk-pause of sandbox {id} not ready within {READY_TIMEOUT:?}"))
@@ -107,7 +107,14 @@ impl Runtime {
             pause_pid: pid,
             unclaimed_exits: HashMap::new(),
         };
-        self.state.lock().await.sandboxes.insert(id.to_owned(), sandbox);
+        // Recorded once ready: a directory without records is a sandbox whose start a dead
+        // runtime never finished, which recovery removes.
+        sandbox.save_all(&dir)?;
+        let mut state = self.state.lock().await;
+        state.sandboxes.insert(id.to_owned(), sandbox);
+        self.emit(&state, id, cri::ContainerEventType::ContainerCreatedEvent);
+        self.emit(&state, id, cri::ContainerEventType::ContainerStartedEvent);
+        drop(state);
         tokio::spawn(super::events::watch(Arc::clone(self), id.to_owned(), stream));
         Ok(())
     }
@@ -132,10 +139,7 @@ impl Runtime {
                 self.wait_stopped(&id, Duration::from_secs(5)).await?;
             }
         }
-        if let Some(sandbox) = self.state.lock().await.sandboxes.get_mut(&id) {
-            sandbox.ready = false;
-        }
-        info!(sandbox = %id, "sandbox stopped");
+        super::events::sandbox_gone(self, &id, "the sandbox stopped").await;
         Ok(())
     }
 
@@ -169,7 +173,10 @@ impl Runtime {
                 .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
                 .map_err(|e| Error::io("remove", &dir, e))?;
         }
-        self.state.lock().await.sandboxes.remove(&id);
+        let mut state = self.state.lock().await;
+        self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);
+        state.sandboxes.remove(&id);
+        drop(state);
         info!(sandbox = %id, "sandbox removed");
         Ok(())
     }
@@ -185,17 +192,7 @@ impl Runtime {
         let state = self.state.lock().await;
         let s =
             state.sandboxes.get(&id).ok_or_else(|| Error::NotFound { kind: "sandbox", id: id.clone() })?;
-        Ok(cri::PodSandboxStatus {
-            id: s.id.clone(),
-            metadata: s.config.metadata.clone(),
-            state: sandbox_state(s) as i32,
-            created_at: s.created_at,
-            network: Some(cri::PodSandboxNetworkStatus::default()),
-            linux: None,
-            labels: s.config.labels.clone(),
-            annotations: s.config.annotations.clone(),
-            runtime_handler: String::new(),
-        })
+        Ok(s.status())
     }
 
     /// Sandboxes matching `filter`.
@@ -226,6 +223,31 @@ impl Runtime {
                 runtime_handler: String::new(),
             })
             .collect()
+    }
+}
+
+impl Sandbox {
+    /// Its CRI status.
+    pub(crate) fn status(&self) -> cri::PodSandboxStatus {
+        let s = self;
+        cri::PodSandboxStatus {
+            id: s.id.clone(),
+            metadata: s.config.metadata.clone(),
+            state: sandbox_state(s) as i32,
+            created_at: s.created_at,
+            network: Some(cri::PodSandboxNetworkStatus::default()),
+            linux: None,
+            labels: s.config.labels.clone(),
+            annotations: s.config.annotations.clone(),
+            runtime_handler: String::new(),
+        }
+    }
+
+    /// Saves its state record into `dir`; a failure is logged (see [`Container::save`]).
+    pub(crate) fn save(&self, dir: &std::path::Path) {
+        if let Err(e) = super::record::write(dir, super::record::STATE, &self.state_record()) {
+            warn!(sandbox = %self.id, error = %e, "saving the sandbox's record failed");
+        }
     }
 }
 

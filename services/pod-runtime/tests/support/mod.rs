@@ -48,12 +48,18 @@ pub struct Runtime {
     child: Child,
     socket: PathBuf,
     log: PathBuf,
+    /// Killed on purpose: its pods are left for the next runtime on the same directory.
+    killed: bool,
 }
 
 impl Runtime {
     pub fn start(dir: &Path, registry: &str) -> Self {
         let socket = dir.join("run/cri.sock");
         let log = dir.join("runtime.log");
+        let previous = std::fs::read_to_string(&log).unwrap_or_default();
+        let log_file = std::fs::File::create(&log).expect("log");
+        // A restarted runtime keeps the earlier run's log above its own.
+        std::io::Write::write_all(&mut &log_file, previous.as_bytes()).expect("log");
         let child = Command::new(RUNTIME)
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--root={}", dir.join("root").display()))
@@ -61,10 +67,10 @@ impl Runtime {
             .arg(format!("--insecure-registry={registry}"))
             .arg("--pod-grace-seconds=2")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
+            .stderr(log_file)
             .spawn()
             .expect("start hpk-pod-runtime");
-        let mut runtime = Self { child, socket, log };
+        let mut runtime = Self { child, socket, log, killed: false };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !runtime.crictl(&["version"]).status.success() {
             if let Ok(Some(status)) = runtime.child.try_wait() {
@@ -74,6 +80,14 @@ impl Runtime {
             std::thread::sleep(Duration::from_millis(50));
         }
         runtime
+    }
+
+    /// SIGKILLs the runtime, as a crash would, leaving its pods running.
+    pub fn kill(mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+        self.child.wait().expect("reap");
+        self.killed = true;
     }
 
     /// The CRI socket.
@@ -120,6 +134,9 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if self.killed {
+            return;
+        }
         // Sandboxes outlive the runtime by design; a test that failed midway must not leave its
         // pods running, so remove them all before stopping the runtime.
         let _ = self.crictl(&["rmp", "--all", "--force"]);
