@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Seconds a sandbox's processes get after SIGTERM before SIGKILL.
     #[arg(long, env = "HPK_POD_GRACE_SECONDS", default_value_t = 10)]
     pub pod_grace_seconds: u32,
+    /// Where the streaming server (exec, attach, port-forward) listens; loopback, because its
+    /// clients (crictl, the kubelet) run on this host and its URLs carry single-use tokens.
+    #[arg(long, env = "HPK_STREAMING_ADDRESS", default_value = "127.0.0.1:0")]
+    pub streaming_address: std::net::SocketAddr,
     /// The host's cgroup mode, detected by `main` before it hid anything.
     #[arg(skip = crate::engine::CgroupMode::V1)]
     pub cgroup_mode: crate::engine::CgroupMode,
@@ -84,6 +88,13 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
     };
     let runtime = Runtime::new(config, crun, images)?;
     runtime.recover().await?;
+    if !args.streaming_address.ip().is_loopback() {
+        return Err(Error::Config(format!(
+            "--streaming-address {} is not a loopback address; the streaming server has no authentication of its own beyond its single-use URLs",
+            args.streaming_address
+        )));
+    }
+    runtime.start_streaming(args.streaming_address, shutdown.clone()).await?;
     for limit in crate::engine::limits_not_enforced(args.cgroup_mode) {
         tracing::warn!(%limit, "resource limits");
     }

@@ -167,16 +167,53 @@ impl RuntimeService for Runtime {
         }))
     }
 
-    async fn exec(&self, _: Request<cri::ExecRequest>) -> Reply<cri::ExecResponse> {
-        unimplemented("Exec")
+    async fn exec(&self, r: Request<cri::ExecRequest>) -> Reply<cri::ExecResponse> {
+        let r = r.into_inner();
+        self.0.check_exec(&r).await?;
+        let url = self
+            .0
+            .streaming()?
+            .exec_url(hpk_streaming::ExecRequest {
+                container_id: r.container_id,
+                cmd: r.cmd,
+                tty: r.tty,
+                stdin: r.stdin,
+                stdout: r.stdout,
+                stderr: r.stderr,
+            })
+            .map_err(streaming_status)?;
+        Ok(Response::new(cri::ExecResponse { url }))
     }
 
-    async fn attach(&self, _: Request<cri::AttachRequest>) -> Reply<cri::AttachResponse> {
-        unimplemented("Attach")
+    async fn attach(&self, r: Request<cri::AttachRequest>) -> Reply<cri::AttachResponse> {
+        let r = r.into_inner();
+        self.0.check_attach(&r).await?;
+        let url = self
+            .0
+            .streaming()?
+            .attach_url(hpk_streaming::AttachRequest {
+                container_id: r.container_id,
+                tty: r.tty,
+                stdin: r.stdin,
+                stdout: r.stdout,
+                stderr: r.stderr,
+            })
+            .map_err(streaming_status)?;
+        Ok(Response::new(cri::AttachResponse { url }))
     }
 
-    async fn port_forward(&self, _: Request<cri::PortForwardRequest>) -> Reply<cri::PortForwardResponse> {
-        unimplemented("PortForward")
+    async fn port_forward(&self, r: Request<cri::PortForwardRequest>) -> Reply<cri::PortForwardResponse> {
+        let r = r.into_inner();
+        self.0.check_port_forward(&r).await?;
+        let url = self
+            .0
+            .streaming()?
+            .port_forward_url(hpk_streaming::PortForwardRequest {
+                sandbox_id: r.pod_sandbox_id,
+                ports: r.port,
+            })
+            .map_err(streaming_status)?;
+        Ok(Response::new(cri::PortForwardResponse { url }))
     }
 
     async fn container_stats(
@@ -277,5 +314,14 @@ impl RuntimeService for Runtime {
         _: Request<cri::RuntimeConfigRequest>,
     ) -> Reply<cri::RuntimeConfigResponse> {
         Ok(Response::new(cri::RuntimeConfigResponse::default()))
+    }
+}
+
+/// The streaming server's refusals as gRPC statuses.
+fn streaming_status(e: hpk_streaming::Error) -> Status {
+    match e {
+        hpk_streaming::Error::InvalidRequest(_) => Status::invalid_argument(e.to_string()),
+        hpk_streaming::Error::TooManyPending(_) => Status::resource_exhausted(e.to_string()),
+        other => Status::internal(other.to_string()),
     }
 }

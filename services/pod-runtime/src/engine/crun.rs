@@ -175,4 +175,30 @@ impl Crun {
         cmd.process_group(0).kill_on_drop(true);
         cmd
     }
+
+    /// `crun exec --tty --detach --console-socket CONSOLE --pid-file PID_FILE ID ARGS...`:
+    /// crun sends the terminal's master over `console` and exits once the command runs.
+    pub fn exec_detached_tty(
+        &self,
+        id: &str,
+        args: &[String],
+        pid_file: &Path,
+        log: &Path,
+        console: &Path,
+    ) -> tokio::process::Command {
+        let mut cmd = self.crun();
+        cmd.arg(format!("--log=file:{}", log.display()))
+            .args(["exec", "--tty", "--detach", "--console-socket"])
+            .arg(console)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .arg(id)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.process_group(0).kill_on_drop(true);
+        cmd
+    }
 }

@@ -40,6 +40,9 @@ pub enum Error {
     /// Waiting for something took too long.
     #[error("{0}")]
     Timeout(String),
+    /// Something the request needs cannot be reached (a port in a sandbox).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Result with this module's [`Error`].
@@ -68,6 +71,7 @@ impl From<Error> for tonic::Status {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Images(e) => crate::cri::image_grpc_code(e),
             Error::Timeout(_) => Code::DeadlineExceeded,
+            Error::Unavailable(_) => Code::Unavailable,
             Error::Engine(_) | Error::Io { .. } => Code::Internal,
         };
         tonic::Status::new(code, err.to_string())

@@ -105,7 +105,14 @@ pub(crate) async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
         // init whose start is still being recorded; start_container looks here.
         None => {
             if let Some(sandbox) = state.sandboxes.get_mut(sandbox_id) {
-                sandbox.unclaimed_exits.insert(exit.pid, exit.status);
+                match sandbox.exit_waiters.remove(&exit.pid) {
+                    Some(waiter) => {
+                        let _ = waiter.send(exit.status);
+                    }
+                    None => {
+                        sandbox.unclaimed_exits.insert(exit.pid, exit.status);
+                    }
+                }
             }
         }
     }

@@ -100,7 +100,7 @@ impl Runtime {
 
 /// crun's exit status as the command's exit code: crun exits with the command's code, or
 /// 128+N if the command died of signal N; a signal to crun itself reads the same way.
-fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(-1)
 }
@@ -120,20 +120,7 @@ fn interpret(
     mut stderr: Captured,
     crun_log: &str,
 ) -> Result<ExecOutput> {
-    let crun_log = crun_log.trim();
-    let exit_code = if code == 0 || crun_log.is_empty() {
-        code
-    } else if crun_log.contains("executable file `") && crun_log.contains("not found") {
-        127
-    } else if crun_log.contains("open executable") {
-        126
-    } else {
-        return Err(Error::Engine(engine::Error::Command {
-            command: format!("crun exec {id}"),
-            status: format!("exit status {code}"),
-            stderr: crun_log.to_owned(),
-        }));
-    };
+    let exit_code = exec_status(id, code, crun_log)?;
     for (name, cut) in [("stdout", stdout.dropped), ("stderr", stderr.dropped)] {
         if cut > 0 {
             let note =
@@ -142,6 +129,25 @@ fn interpret(
         }
     }
     Ok(ExecOutput { stdout: stdout.bytes, stderr: stderr.bytes, exit_code })
+}
+
+/// The command's exit code from crun's: its own, or a shell's 127/126 when crun could not
+/// start it; any other failure of crun's (it wrote to its log) is an error.
+pub(crate) fn exec_status(id: &str, code: i32, crun_log: &str) -> Result<i32> {
+    let crun_log = crun_log.trim();
+    if code == 0 || crun_log.is_empty() {
+        Ok(code)
+    } else if crun_log.contains("executable file `") && crun_log.contains("not found") {
+        Ok(127)
+    } else if crun_log.contains("open executable") {
+        Ok(126)
+    } else {
+        Err(Error::Engine(engine::Error::Command {
+            command: format!("crun exec {id}"),
+            status: format!("exit status {code}"),
+            stderr: crun_log.to_owned(),
+        }))
+    }
 }
 
 /// One stream's output: what was kept, and how many bytes past the cap were dropped.

@@ -9,6 +9,7 @@ mod record;
 mod recover;
 mod sandbox;
 mod stats;
+mod stream;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use tokio::sync::{Mutex, watch};
 
 pub use error::{Error, Result};
 pub use recover::Recovered;
+pub use stream::Sessions;
 
 use crate::engine::Crun;
 use crate::images::ImageStore;
@@ -53,6 +55,8 @@ pub struct Sandbox {
     pub(crate) pause_pid: u32,
     /// Exits reported by the pause that no container claimed yet, by PID in the sandbox.
     pub(crate) unclaimed_exits: HashMap<i32, i32>,
+    /// Exec sessions waiting for the exit of their command, by PID in the sandbox.
+    pub(crate) exit_waiters: HashMap<i32, tokio::sync::oneshot::Sender<i32>>,
 }
 
 /// A container the runtime manages.
@@ -104,12 +108,14 @@ pub struct Runtime {
     pub(crate) events: tokio::sync::broadcast::Sender<cri::ContainerEventResponse>,
     /// The previous CPU sample of each container and sandbox, for usage rates.
     pub(crate) cpu_samples: stats::CpuSamples,
+    /// The streaming server whose URLs Exec, Attach and PortForward return.
+    pub(crate) streaming: std::sync::OnceLock<hpk_streaming::StreamServer>,
 }
 
 impl Runtime {
     /// A runtime over `images`, keeping state under `config.root`; crun runs through `crun`.
     pub fn new(config: Config, crun: Crun, images: ImageStore) -> Result<Arc<Self>> {
-        for dir in ["sandboxes", "containers", "crun"] {
+        for dir in ["sandboxes", "containers", "crun", "ev"] {
             let path = config.root.join(dir);
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
         }
@@ -121,7 +127,32 @@ impl Runtime {
             state: Mutex::new(State::default()),
             events,
             cpu_samples: Default::default(),
+            streaming: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Serves Exec, Attach and PortForward sessions on `addr` (loopback: the clients are
+    /// crictl and the kubelet on this host) until `shutdown`.
+    pub async fn start_streaming(
+        self: &Arc<Self>,
+        addr: std::net::SocketAddr,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<std::net::SocketAddr> {
+        let backend = Arc::new(Sessions(Arc::clone(self)));
+        let server = hpk_streaming::StreamServer::start(addr, backend, shutdown)
+            .await
+            .map_err(|e| Error::io("listen for streaming on", addr.to_string(), e))?;
+        let local = server.local_addr();
+        self.streaming
+            .set(server)
+            .map_err(|_| Error::FailedPrecondition("the streaming server is already running".into()))?;
+        Ok(local)
+    }
+
+    pub(crate) fn streaming(&self) -> Result<&hpk_streaming::StreamServer> {
+        self.streaming
+            .get()
+            .ok_or_else(|| Error::FailedPrecondition("the streaming server is not running".into()))
     }
 
     /// The host's cgroup mode.

@@ -219,6 +219,7 @@ fn load_sandbox(id: &str, dir: &std::path::Path) -> Result<Option<Sandbox>> {
         ready: s.ready,
         pause_pid: s.pause_pid,
         unclaimed_exits: HashMap::new(),
+        exit_waiters: HashMap::new(),
     }))
 }
 

@@ -106,6 +106,7 @@ impl Runtime {
             ready: true,
             pause_pid: pid,
             unclaimed_exits: HashMap::new(),
+            exit_waiters: HashMap::new(),
         };
         // Recorded once ready: a directory without records is a sandbox whose start a dead
         // runtime never finished, which recovery removes.
