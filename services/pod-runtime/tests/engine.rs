@@ -76,8 +76,7 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
     };
     let sb_bundle = tmp.path().join("sb1");
     sandbox.write_bundle(&sb_bundle).expect("sandbox bundle");
-    crun.create("sb1", &sb_bundle, std::process::Stdio::null(), std::process::Stdio::null())
-        .expect("create sandbox");
+    crun.create("sb1", &sb_bundle, hpk_pod_runtime::engine::Stdio3::null(), None).expect("create sandbox");
     crun.start("sb1").expect("start sandbox");
     let (stream, _) = tokio::time::timeout(Duration::from_secs(15), listener.accept())
         .await
@@ -109,6 +108,7 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
         gid: 0,
         mounts: vec![],
         readonly_rootfs: false,
+        terminal: false,
     };
     let bundle = c_dir.join("bundle");
     spec.write_bundle(&bundle).expect("container bundle");
@@ -122,7 +122,18 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
     let out_task = tokio::spawn(copy_lines(receiver(out_r), LogStream::Stdout, log.clone()));
     let err_task = tokio::spawn(copy_lines(receiver(err_r), LogStream::Stderr, log.clone()));
     let in_sandbox = crun.in_pid_namespace(state.pid);
-    in_sandbox.create("c1", &bundle, out_w.into(), err_w.into()).expect("create container");
+    in_sandbox
+        .create(
+            "c1",
+            &bundle,
+            hpk_pod_runtime::engine::Stdio3 {
+                stdin: std::process::Stdio::null(),
+                stdout: out_w.into(),
+                stderr: err_w.into(),
+            },
+            None,
+        )
+        .expect("create container");
     let init = in_sandbox.state("c1").expect("state").expect("known").pid;
     in_sandbox.start("c1").expect("start container");
 

@@ -34,6 +34,33 @@ fn run_with_input(mut cmd: Command, input: &[u8]) -> std::process::Output {
 
 /// A pod running `command` in the shell image; returns (pod ID, container ID).
 fn pod(rt: &Runtime, dir: &std::path::Path, name: &str, image: &str, command: &[&str]) -> (String, String) {
+    pod_with(rt, dir, name, image, command, false, false)
+}
+
+/// Waits until the container has exited with `code`.
+fn wait_exited(rt: &Runtime, id: &str, code: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let inspect: serde_json::Value = serde_json::from_str(&rt.ok(&["inspect", id])).expect("inspect");
+        if inspect["status"]["state"] == "CONTAINER_EXITED" {
+            assert_eq!(inspect["status"]["exitCode"], code, "{inspect}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id} still running: {inspect}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A pod whose container may have stdin (closed after the first attach) and a terminal.
+fn pod_with(
+    rt: &Runtime,
+    dir: &std::path::Path,
+    name: &str,
+    image: &str,
+    command: &[&str],
+    stdin: bool,
+    tty: bool,
+) -> (String, String) {
     let pod = write_json(
         &dir.join(format!("{name}-pod.json")),
         serde_json::json!({
@@ -45,6 +72,9 @@ fn pod(rt: &Runtime, dir: &std::path::Path, name: &str, image: &str, command: &[
         "metadata": {"name": "main"},
         "image": {"image": image},
         "log_path": "main/0.log",
+        "stdin": stdin,
+        "stdin_once": stdin,
+        "tty": tty,
     });
     if !command.is_empty() {
         config["command"] = serde_json::json!(command);
@@ -132,6 +162,33 @@ async fn crictl_exec_attach_and_port_forward() {
         let out = crictl(&rt).args(["attach", &talker]).output().expect("crictl attach");
         assert!(String::from_utf8_lossy(&out.stdout).contains("attached line"), "{out:?}\n{}", rt.log());
 
+        // A container with stdin (once): attach -i feeds it, and the end of the client's
+        // stdin is the container's.
+        let (cat_pod, cat) =
+            pod_with(&rt, tmp.path(), "cat", &shell, &["sh", "-c", "tr a-z A-Z; exit 6"], true, false);
+        let mut cmd = crictl(&rt);
+        cmd.args(["attach", "-i", &cat]);
+        let out = run_with_input(cmd, b"typed into attach\n");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("TYPED INTO ATTACH"), "{out:?}\n{}", rt.log());
+        wait_exited(&rt, &cat, 6);
+        // stdin only where the container was created with it.
+        assert!(rt.fails(&["attach", "-i", &sleeper]).contains("not created with stdin"));
+
+        // A container with a terminal: attach -it from a pseudo-terminal; input is echoed by
+        // the terminal, the size reaches it, and the shell's output and exit come back.
+        let (tty_pod, tty) = pod_with(&rt, tmp.path(), "tty", &shell, &["sh"], true, true);
+        let endpoint = format!("unix://{}", rt.socket().display());
+        let inner = format!("stty cols 99 rows 33; crictl --runtime-endpoint {endpoint} attach -i -t {tty}");
+        let mut cmd = Command::new("script");
+        cmd.args(["-q", "-e", "-c", &inner, "/dev/null"]);
+        let out = run_with_input(cmd, b"sleep 0.5; stty size; echo $((6*7)); exit 9\n");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("33 99"), "the terminal's size: {text:?}\n{}", rt.log());
+        assert!(text.contains("42"), "{text:?}");
+        wait_exited(&rt, &tty, 9);
+        let log = std::fs::read_to_string(tmp.path().join("logs/tty/main/0.log")).expect("tty log");
+        assert!(log.lines().any(|l| l.ends_with(" stdout F 42")), "terminal output is logged: {log:?}");
+
         // Port-forward to busybox httpd listening on the pod's loopback only.
         let (web_pod, _) = pod(&rt, tmp.path(), "web", &httpd, &[]);
         for transport in TRANSPORTS {
@@ -170,7 +227,7 @@ async fn crictl_exec_attach_and_port_forward() {
         rt.ok(&["stop", "--timeout", "1", &sleeper]);
         assert!(rt.fails(&["exec", &sleeper, "true"]).contains("not running"));
         assert!(rt.fails(&["port-forward", &web_pod, ":70000"]).to_lowercase().contains("port"));
-        for pod in [sleeper_pod, talker_pod, web_pod] {
+        for pod in [sleeper_pod, talker_pod, web_pod, cat_pod, tty_pod] {
             rt.ok(&["rmp", "-f", &pod]);
         }
     });

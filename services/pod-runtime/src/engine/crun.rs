@@ -17,6 +17,24 @@ pub struct Crun {
     prefix: Vec<OsString>,
 }
 
+/// A container's standard input, output and error.
+#[derive(Debug)]
+pub struct Stdio3 {
+    /// Standard input.
+    pub stdin: Stdio,
+    /// Standard output.
+    pub stdout: Stdio,
+    /// Standard error.
+    pub stderr: Stdio,
+}
+
+impl Stdio3 {
+    /// All three on /dev/null.
+    pub fn null() -> Self {
+        Self { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() }
+    }
+}
+
 /// What `crun state` reports.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct ContainerState {
@@ -90,19 +108,21 @@ impl Crun {
         cmd
     }
 
-    /// `crun create`: the container's stdout and stderr are `stdout`/`stderr`; crun's own
-    /// messages go to `bundle/crun.log`, quoted in the error if creation fails.
-    pub fn create(&self, id: &str, bundle: &Path, stdout: Stdio, stderr: Stdio) -> Result<()> {
+    /// `crun create`: the container's standard streams are `stdio`, or, with `console`, a
+    /// terminal whose master crun sends to that socket. crun's own messages go to
+    /// `bundle/crun.log`, quoted in the error if creation fails.
+    pub fn create(&self, id: &str, bundle: &Path, stdio: Stdio3, console: Option<&Path>) -> Result<()> {
         let log = bundle.join("crun.log");
-        let status = self
-            .crun()
-            .arg(format!("--log=file:{}", log.display()))
-            .args(["create", "--bundle"])
-            .arg(bundle)
+        let mut cmd = self.crun();
+        cmd.arg(format!("--log=file:{}", log.display())).args(["create", "--bundle"]).arg(bundle);
+        if let Some(console) = console {
+            cmd.arg("--console-socket").arg(console);
+        }
+        let status = cmd
             .arg(id)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
+            .stdin(stdio.stdin)
+            .stdout(stdio.stdout)
+            .stderr(stdio.stderr)
             .status()
             .map_err(|e| Error::io("run crun create for", bundle, e))?;
         if !status.success() {

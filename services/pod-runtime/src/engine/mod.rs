@@ -18,7 +18,7 @@ mod rootfs;
 mod spec;
 
 pub use cgroups::{CgroupMode, limits_not_enforced};
-pub use crun::{ContainerState, Crun};
+pub use crun::{ContainerState, Crun, Stdio3};
 pub use error::{Error, Result};
 pub use logs::{LogStream, copy_lines, write_cri_line};
 pub use mountns::{MountNamespace, enter_private_mount_namespace};

@@ -65,6 +65,8 @@ pub struct ContainerSpec {
     pub mounts: Vec<(PathBuf, String, bool)>,
     /// Mount the root filesystem read-only.
     pub readonly_rootfs: bool,
+    /// Whether the process gets a terminal (crun then needs a console socket).
+    pub terminal: bool,
 }
 
 impl SandboxSpec {
@@ -144,7 +146,7 @@ impl ContainerSpec {
         let config = json!({
             "ociVersion": "1.0.2",
             "process": {
-                "terminal": false,
+                "terminal": self.terminal,
                 "user": {"uid": self.uid, "gid": self.gid},
                 "args": self.args,
                 "env": self.env,
@@ -230,6 +232,7 @@ mod tests {
             gid: 1000,
             mounts: vec![(tmp.path().join("vol"), "/data".into(), true)],
             readonly_rootfs: true,
+            terminal: false,
         };
         spec.write_bundle(tmp.path()).expect("bundle");
         let config: Value =

@@ -19,10 +19,21 @@ use crate::engine::{ContainerSpec, Overlay};
 /// How long a log shim may take to open its FIFOs.
 const SHIM_READY: Duration = Duration::from_secs(10);
 
-/// A container's stdout and stderr, and the shim reading them.
+/// What the kubelet asked of a container's standard streams.
+#[derive(Clone, Copy, Debug)]
+struct Streams {
+    tty: bool,
+    stdin: bool,
+    stdin_once: bool,
+}
+
+/// A container's standard streams, and the shim holding their other ends.
 struct Output {
+    stdin: Stdio,
     stdout: Stdio,
     stderr: Stdio,
+    /// The shim's console socket, when the container has a terminal.
+    console: Option<PathBuf>,
     shim_pid: Option<u32>,
 }
 
@@ -40,9 +51,6 @@ impl Runtime {
             .ok_or_else(|| Error::Invalid("container config has no metadata".into()))?;
         if meta.name.is_empty() {
             return Err(Error::Invalid("container metadata needs a name".into()));
-        }
-        if config.tty || config.stdin {
-            return Err(Error::Invalid("tty and stdin are not supported yet by hpk-pod-runtime".into()));
         }
         let (pause_pid, log_dir) = {
             let state = self.state.lock().await;
@@ -83,7 +91,9 @@ impl Runtime {
         let id = new_id()?;
         let dir = self.container_dir(&id);
         let layers = self.images.layers(&image);
-        let created = match self.start_output(&id, &dir, log_path.as_ref()).await {
+        let streams = Streams { tty: config.tty, stdin: config.stdin, stdin_once: config.stdin_once };
+        let attach = self.attach_socket(&sandbox_id, &id);
+        let created = match self.start_output(&id, &dir, log_path.as_ref(), &attach, streams).await {
             Ok(output) => {
                 let shim_pid = output.shim_pid;
                 self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, output)
@@ -137,40 +147,63 @@ impl Runtime {
         Ok(id)
     }
 
-    /// Where the container's stdout and stderr go: FIFOs read by a log shim writing
-    /// `log_path`, or nowhere when the kubelet asked for no log.
-    async fn start_output(&self, id: &str, dir: &Path, log_path: Option<&PathBuf>) -> Result<Output> {
+    /// The container's standard streams, all held by its shim (see [`crate::logshim`]):
+    /// FIFOs for stdout, stderr and (when asked for) stdin, or a terminal crun hands to the
+    /// shim's console socket.
+    async fn start_output(
+        &self,
+        id: &str,
+        dir: &Path,
+        log_path: Option<&PathBuf>,
+        attach: &Path,
+        streams: Streams,
+    ) -> Result<Output> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-        let Some(log_path) = log_path else {
-            return Ok(Output { stdout: Stdio::null(), stderr: Stdio::null(), shim_pid: None });
-        };
-        if let Some(parent) = log_path.parent() {
+        if let Some(parent) = log_path.and_then(|p| p.parent()) {
             std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
         }
-        let fifos = [dir.join("stdout.fifo"), dir.join("stderr.fifo")];
-        for fifo in &fifos {
-            nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-                .map_err(|e| Error::io("create", fifo, e.into()))?;
-        }
+        let mkfifo = |name: &str| -> Result<PathBuf> {
+            let fifo = dir.join(name);
+            nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .map_err(|e| Error::io("create", &fifo, e.into()))?;
+            Ok(fifo)
+        };
         let shim_log = dir.join("shim.log");
         let shim_stderr = std::fs::File::create(&shim_log).map_err(|e| Error::io("create", &shim_log, e))?;
-        let mut shim = tokio::process::Command::new(&self.config.shim_binary)
-            .arg(crate::logshim::SUBCOMMAND)
-            .arg("--id")
-            .arg(id)
-            .arg("--stdout")
-            .arg(&fifos[0])
-            .arg("--stderr")
-            .arg(&fifos[1])
-            .arg("--log")
-            .arg(log_path)
+        let mut command = tokio::process::Command::new(&self.config.shim_binary);
+        command.arg(crate::logshim::SUBCOMMAND).arg("--id").arg(id).arg("--attach").arg(attach);
+        if let Some(log_path) = log_path {
+            command.arg("--log").arg(log_path);
+        }
+        let (mut fifos, mut console) = (None, None);
+        if streams.tty {
+            // Beside the attach socket: a UNIX socket path has at most 107 bytes.
+            let path = attach.with_extension("tty");
+            command.arg("--console-socket").arg(&path);
+            console = Some(path);
+        } else {
+            let (out, err) = (mkfifo("stdout.fifo")?, mkfifo("stderr.fifo")?);
+            command.arg("--stdout").arg(&out).arg("--stderr").arg(&err);
+            let stdin = if streams.stdin {
+                let fifo = mkfifo("stdin.fifo")?;
+                command.arg("--stdin").arg(&fifo);
+                if streams.stdin_once {
+                    command.arg("--stdin-once");
+                }
+                Some(fifo)
+            } else {
+                None
+            };
+            fifos = Some((out, err, stdin));
+        }
+        let mut shim = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(shim_stderr)
-            // Its own process group: a signal to the runtime's group leaves the logs flowing.
+            // Its own process group: a signal to the runtime's group leaves the streams alone.
             .process_group(0)
             .spawn()
-            .map_err(|e| Error::io("start the log shim", &self.config.shim_binary, e))?;
+            .map_err(|e| Error::io("start the shim", &self.config.shim_binary, e))?;
         let shim_pid = shim.id();
         let ready = async {
             let mut line = String::new();
@@ -182,14 +215,14 @@ impl Runtime {
             }
             Ok::<_, Error>(line)
         };
-        let line = match tokio::time::timeout(SHIM_READY, ready).await {
-            Ok(Ok(line)) if line.trim() == "ready" => line,
+        match tokio::time::timeout(SHIM_READY, ready).await {
+            Ok(Ok(line)) if line.trim() == "ready" => {}
             outcome => {
                 let _ = shim.start_kill();
                 let _ = shim.wait().await;
                 let why = std::fs::read_to_string(&shim_log).unwrap_or_default();
                 return Err(Error::FailedPrecondition(format!(
-                    "the log shim of container {id} did not start ({}): {}",
+                    "the shim of container {id} did not start ({}): {}",
                     match outcome {
                         Ok(Ok(_)) => "it exited".to_owned(),
                         Ok(Err(e)) => e.to_string(),
@@ -198,16 +231,26 @@ impl Runtime {
                     why.trim()
                 )));
             }
-        };
-        debug_assert_eq!(line.trim(), "ready");
+        }
         // Reaped here while this runtime lives; after a restart the host's init reaps it.
         tokio::spawn(async move {
             let _ = shim.wait().await;
         });
-        let open = |fifo: &PathBuf| -> Result<Stdio> {
-            // The shim holds the reading end, so this neither blocks nor fails with ENXIO.
+        let Some((out, err, stdin)) = fifos else {
+            // With a terminal crun gives the process the terminal for all three.
+            return Ok(Output {
+                stdin: Stdio::null(),
+                stdout: Stdio::null(),
+                stderr: Stdio::null(),
+                console,
+                shim_pid,
+            });
+        };
+        // The shim holds the other end of each FIFO, so these neither block nor fail.
+        let open = |fifo: &PathBuf, write: bool| -> Result<Stdio> {
             let file = std::fs::OpenOptions::new()
-                .write(true)
+                .read(!write)
+                .write(write)
                 .custom_flags(nix::libc::O_NONBLOCK)
                 .open(fifo)
                 .map_err(|e| Error::io("open", fifo, e))?;
@@ -219,7 +262,16 @@ impl Runtime {
                 .map_err(|e| Error::io("configure", fifo, e.into()))?;
             Ok(Stdio::from(file))
         };
-        Ok(Output { stdout: open(&fifos[0])?, stderr: open(&fifos[1])?, shim_pid })
+        Ok(Output {
+            stdin: match &stdin {
+                Some(fifo) => open(fifo, false)?,
+                None => Stdio::null(),
+            },
+            stdout: open(&out, true)?,
+            stderr: open(&err, true)?,
+            console,
+            shim_pid,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -247,9 +299,12 @@ impl Runtime {
             gid: process.gid,
             mounts,
             readonly_rootfs: security.is_some_and(|s| s.readonly_rootfs),
+            terminal: output.console.is_some(),
         };
         spec.write_bundle(&dir.join("bundle"))?;
-        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), output.stdout, output.stderr) {
+        let stdio =
+            crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
+        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), stdio, output.console.as_deref()) {
             Ok(()) => Ok(None),
             // crun checks the command at create (its init has already written the reason to the
             // container's stderr, so it is in the log). Kubernetes users expect what a shell

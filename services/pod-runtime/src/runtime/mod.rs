@@ -180,6 +180,12 @@ impl Runtime {
         self.config.root.join("ev").join(&id[..id.len().min(16)])
     }
 
+    /// The attach socket of a container's shim, beside its sandbox's events socket (short:
+    /// see [`Self::events_dir`]).
+    pub(crate) fn attach_socket(&self, sandbox_id: &str, id: &str) -> PathBuf {
+        self.events_dir(sandbox_id).join(format!("{}.att", &id[..id.len().min(12)]))
+    }
+
     pub(crate) fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.config.root.join("sandboxes").join(id)
     }

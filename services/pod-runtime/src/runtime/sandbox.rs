@@ -1,7 +1,6 @@
 //! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,7 +73,7 @@ impl Runtime {
         };
         let bundle = dir.join("bundle");
         spec.write_bundle(&bundle)?;
-        self.crun.create(id, &bundle, Stdio::null(), Stdio::null())?;
+        self.crun.create(id, &bundle, crate::engine::Stdio3::null(), None)?;
         self.crun.start(id)?;
         let ready = async {
             let (stream, _) = listener.accept().await.map_err(|e| Error::io("accept on", &socket, e))?;

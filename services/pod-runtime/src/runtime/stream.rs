@@ -5,9 +5,9 @@
 //!   terminal's master over a console socket; the command, orphaned when crun exits, is
 //!   reaped by the sandbox's hpk-pause, whose exit report ends the session. Resizes go to
 //!   the master (`TIOCSWINSZ`), which signals the command's process group.
-//! - **attach** follows the container's output from its CRI log, as it is written, until the
-//!   container exits; containers are not created with stdin or a tty yet, so there is nothing
-//!   to write to.
+//! - **attach** connects to the container's shim (see [`crate::logshim`]), which sends the
+//!   output as it is produced and takes stdin and terminal sizes, until the output ends; the
+//!   container's exit code, once reported, is the session's.
 //! - **port-forward** connects to the port on the sandbox's loopback from a thread that has
 //!   entered the sandbox's network namespace (the socket keeps the namespace it was made in).
 
@@ -20,16 +20,19 @@ use std::time::Duration;
 
 use hpk_streaming::{AttachRequest, Backend, BoxFuture, BoxStream, ExecRequest, Io, TerminalSize};
 use k8s_cri::v1 as cri;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::{Error, Result, Runtime};
+use crate::logshim::frame;
 
 /// How long crun gets to hand over a terminal.
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a port-forward connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an attach waits, after the output ended, for the container's exit to be reported.
+const EXIT_REPORT: Duration = Duration::from_secs(5);
 /// How long output still arriving after an exec'd command exited is copied.
 const DRAIN: Duration = Duration::from_secs(1);
 
@@ -85,16 +88,21 @@ impl Runtime {
         self.running_container(&req.container_id).await.map(drop)
     }
 
-    /// Checks an Attach request before its URL is handed out.
+    /// Checks an Attach request before its URL is handed out: stdin and a terminal only
+    /// where the container was created with them.
     pub async fn check_attach(&self, req: &cri::AttachRequest) -> Result<()> {
         check_streams(req.tty, req.stdin, req.stdout, req.stderr)?;
-        if req.stdin || req.tty {
-            return Err(Error::Invalid(
-                "attach with stdin or a tty needs a container created with them, which hpk-pod-runtime does not support yet"
-                    .into(),
-            ));
+        let (id, _, _) = self.running_container(&req.container_id).await?;
+        let state = self.state.lock().await;
+        let c =
+            state.containers.get(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
+        if req.stdin && !c.config.stdin {
+            return Err(Error::Invalid(format!("container {id} was not created with stdin")));
         }
-        self.running_container(&req.container_id).await.map(drop)
+        if req.tty && !c.config.tty {
+            return Err(Error::Invalid(format!("container {id} has no terminal")));
+        }
+        Ok(())
     }
 
     /// Checks a PortForward request before its URL is handed out.
@@ -247,60 +255,93 @@ impl Runtime {
     }
 
     async fn attach_session(&self, req: AttachRequest, io: Io) -> Result<i32> {
-        let (id, _, _) = self.running_container(&req.container_id).await?;
-        let (log_path, mut exited) = {
+        let (id, sandbox_id, _) = self.running_container(&req.container_id).await?;
+        let mut exited = {
             let state = self.state.lock().await;
             let c = state
                 .containers
                 .get(&id)
                 .ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
-            (c.log_path.clone(), c.exited.subscribe())
+            c.exited.subscribe()
         };
-        let log_path = log_path.ok_or_else(|| {
-            Error::FailedPrecondition(format!("container {id} has no log: its output is not kept"))
+        let socket = self.attach_socket(&sandbox_id, &id);
+        let conn = tokio::net::UnixStream::connect(&socket).await.map_err(|e| {
+            Error::FailedPrecondition(format!(
+                "container {id}'s streams cannot be attached to ({e}): its output has ended"
+            ))
         })?;
-        let file = tokio::fs::File::open(&log_path).await.map_err(|e| Error::io("open", &log_path, e))?;
-        let mut reader = BufReader::new(file);
-        // From now on: skip what was written before.
-        let start = tokio::io::AsyncSeekExt::seek(&mut reader, std::io::SeekFrom::End(0))
-            .await
-            .map_err(|e| Error::io("read", &log_path, e))?;
-        debug!(container = %id, start, "attached");
-        let (mut stdout, mut stderr) = (io.stdout, io.stderr);
-        let mut line = Vec::new();
-        let mut done = false;
-        loop {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line).await.map_err(|e| Error::io("read", &log_path, e))?;
-            if n == 0 || line.last() != Some(&b'\n') {
-                if n > 0 {
-                    // A record being written: read it again whole.
-                    let back = i64::try_from(n).unwrap_or(0);
-                    tokio::io::AsyncSeekExt::seek(&mut reader, std::io::SeekFrom::Current(-back))
-                        .await
-                        .map_err(|e| Error::io("read", &log_path, e))?;
+        let (mut from_shim, mut to_shim) = conn.into_split();
+        // Client to shim: stdin, its end, terminal sizes. Writes are serialised by a channel.
+        let (frames, mut outgoing) = mpsc::channel::<Vec<u8>>(16);
+        let writer = tokio::spawn(async move {
+            while let Some(frame) = outgoing.recv().await {
+                if to_shim.write_all(&frame).await.is_err() {
+                    return;
                 }
-                if done {
-                    break;
-                }
-                // The log only grows while the container runs; poll it briefly, and stop
-                // once it has exited and what it wrote is read.
-                tokio::select! {
-                    _ = exited.wait_for(|e| *e) => done = true,
-                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
-                continue;
             }
-            let Some((stream, content)) = parse_record(&line) else { continue };
-            let target = if stream == "stderr" { stderr.as_mut() } else { stdout.as_mut() };
-            if let Some(target) = target
-                && target.write_all(&content).await.is_err()
+        });
+        let mut feeders = Vec::new();
+        if let Some(mut stdin) = io.stdin {
+            let frames = frames.clone();
+            feeders.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 32 * 1024];
+                loop {
+                    match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if frames.send(frame::encode(frame::STDIN, &buf[..n])).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = frames.send(frame::encode(frame::STDIN_EOF, &[])).await;
+            }));
+        }
+        if let Some(mut resize) = io.resize {
+            let frames = frames.clone();
+            feeders.push(tokio::spawn(async move {
+                while let Some(size) = resize.recv().await {
+                    let mut payload = size.width.to_be_bytes().to_vec();
+                    payload.extend_from_slice(&size.height.to_be_bytes());
+                    if frames.send(frame::encode(frame::RESIZE, &payload)).await.is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
+        drop(frames);
+        // Shim to client: output until the container's output ends.
+        let (mut stdout, mut stderr) = (io.stdout, io.stderr);
+        let mut inbound = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        'read: loop {
+            let n = match tokio::io::AsyncReadExt::read(&mut from_shim, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            inbound.extend_from_slice(&buf[..n]);
+            while let Some((kind, payload)) =
+                frame::decode(&mut inbound, 2 * 1024 * 1024).map_err(Error::FailedPrecondition)?
             {
-                return Ok(0);
+                let target = if kind == frame::STDERR { stderr.as_mut() } else { stdout.as_mut() };
+                if let Some(target) = target
+                    && target.write_all(&payload).await.is_err()
+                {
+                    // The client left.
+                    break 'read;
+                }
             }
         }
+        for feeder in feeders {
+            feeder.abort();
+        }
+        writer.abort();
+        // The output ended with the container (or the client left); its status follows.
+        let _ = tokio::time::timeout(EXIT_REPORT, exited.wait_for(|e| *e)).await;
         let state = self.state.lock().await;
-        Ok(state.containers.get(&id).map(|c| c.exit_code).unwrap_or(0))
+        let c = state.containers.get(&id);
+        Ok(c.filter(|c| c.state == cri::ContainerState::ContainerExited).map(|c| c.exit_code).unwrap_or(0))
     }
 
     async fn port_forward_connect(&self, sandbox_id: &str, port: u16) -> Result<tokio::net::TcpStream> {
@@ -402,33 +443,9 @@ fn connect_in(ns_path: &str, port: u16) -> std::io::Result<std::net::TcpStream> 
     }
 }
 
-/// A CRI log record: its stream and its content (with the newline of a full line).
-fn parse_record(line: &[u8]) -> Option<(&str, Vec<u8>)> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let mut parts = line.splitn(4, |b| *b == b' ');
-    let _time = parts.next()?;
-    let stream = std::str::from_utf8(parts.next()?).ok()?;
-    let tag = parts.next()?;
-    let mut content = parts.next().unwrap_or_default().to_vec();
-    if tag == b"F" {
-        content.push(b'\n');
-    }
-    Some((stream, content))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_give_back_the_raw_output() {
-        let (stream, content) =
-            parse_record(b"2026-11-29T10:00:00.1Z stdout F hello world\n").expect("record");
-        assert_eq!((stream, content.as_slice()), ("stdout", b"hello world\n".as_slice()));
-        let (stream, content) = parse_record(b"2026-11-29T10:00:00.1Z stderr P part").expect("record");
-        assert_eq!((stream, content.as_slice()), ("stderr", b"part".as_slice()));
-        assert!(parse_record(b"garbage").is_none());
-    }
 
     #[test]
     fn streams_follow_cri_rules() {
