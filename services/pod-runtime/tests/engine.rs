@@ -73,6 +73,9 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
         pause_binary: PAUSE.into(),
         events_dir: events_dir.clone(),
         grace_seconds: 2,
+        host_network: false,
+        host_ipc: false,
+        sysctls: Default::default(),
     };
     let sb_bundle = tmp.path().join("sb1");
     sandbox.write_bundle(&sb_bundle).expect("sandbox bundle");
@@ -106,7 +109,10 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
         cwd: "/".into(),
         uid: 0,
         gid: 0,
+        additional_gids: vec![],
         mounts: vec![],
+        security: Default::default(),
+        own_pid_namespace: false,
         readonly_rootfs: false,
         terminal: false,
     };

@@ -79,9 +79,11 @@ fn decode_base64(text: &str) -> Option<String> {
 
 fn to_cri(image: &ImageRecord) -> cri::Image {
     let user = image.config.user.clone().unwrap_or_default();
-    let (uid, username) = match user.split(':').next().unwrap_or("").parse::<i64>() {
+    // `user[:group]`: the CRI reports the user part only, as a UID or a name.
+    let name = user.split(':').next().unwrap_or("").to_owned();
+    let (uid, username) = match name.parse::<i64>() {
         Ok(uid) => (Some(cri::Int64Value { value: uid }), String::new()),
-        Err(_) => (None, user),
+        Err(_) => (None, name),
     };
     cri::Image {
         id: image.id.clone(),

@@ -79,7 +79,7 @@ impl Crun {
                 "unshare",
                 "--mount",
                 "--propagation",
-                "private",
+                "slave",
                 "--mount-proc",
                 "--",
             ]
@@ -176,18 +176,20 @@ impl Crun {
 /// `crun exec`, kept apart from the synchronous calls above: it runs as long as the command,
 /// so the runtime drives it with tokio and never blocks a worker thread on it.
 impl Crun {
-    /// `crun exec --pid-file PID_FILE ID ARGS...`, not yet started: no tty, stdin from /dev/null, stdout and stderr piped. crun's own messages also
-    /// go to `log`, which tells them apart from the command's stderr. The process leads a new
-    /// process group (so a timeout can kill the prefix and crun together) and is killed if
-    /// dropped.
-    pub fn exec(&self, id: &str, args: &[String], pid_file: &Path, log: &Path) -> tokio::process::Command {
+    /// `crun exec --process PROCESS --pid-file PID_FILE ID`, not yet started: `process` is the
+    /// OCI process (the container's, with the command's arguments), no tty, stdin from
+    /// /dev/null, stdout and stderr piped. crun's own messages also go to `log`, which tells
+    /// them apart from the command's stderr. The process leads a new process group (so a
+    /// timeout can kill the prefix and crun together) and is killed if dropped.
+    pub fn exec(&self, id: &str, process: &Path, pid_file: &Path, log: &Path) -> tokio::process::Command {
         let mut cmd = self.crun();
         cmd.arg(format!("--log=file:{}", log.display()))
             .arg("exec")
+            .arg("--process")
+            .arg(process)
             .arg("--pid-file")
             .arg(pid_file)
             .arg(id)
-            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -196,24 +198,26 @@ impl Crun {
         cmd
     }
 
-    /// `crun exec --tty --detach --console-socket CONSOLE --pid-file PID_FILE ID ARGS...`:
+    /// `crun exec --detach --console-socket CONSOLE --process PROCESS --pid-file PID_FILE ID`
+    /// (`process` has `terminal: true`):
     /// crun sends the terminal's master over `console` and exits once the command runs.
     pub fn exec_detached_tty(
         &self,
         id: &str,
-        args: &[String],
+        process: &Path,
         pid_file: &Path,
         log: &Path,
         console: &Path,
     ) -> tokio::process::Command {
         let mut cmd = self.crun();
         cmd.arg(format!("--log=file:{}", log.display()))
-            .args(["exec", "--tty", "--detach", "--console-socket"])
+            .args(["exec", "--detach", "--console-socket"])
             .arg(console)
+            .arg("--process")
+            .arg(process)
             .arg("--pid-file")
             .arg(pid_file)
             .arg(id)
-            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -23,4 +23,4 @@ pub use error::{Error, Result};
 pub use logs::{LogStream, copy_lines, write_cri_line};
 pub use mountns::{MountNamespace, enter_private_mount_namespace};
 pub use rootfs::Overlay;
-pub use spec::{ContainerSpec, SandboxSpec};
+pub use spec::{ALL_CAPS, ContainerSpec, DEFAULT_CAPS, Mount, Propagation, SandboxSpec, Security};

@@ -31,7 +31,7 @@ impl MountNamespace {
         let script =
             format!("mount -t tmpfs -o size=4k none /mnt && {hide}touch /mnt/ready && exec sleep infinity");
         let holder = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .args(["--mount", "--propagation", "slave", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -83,9 +83,10 @@ pub fn enter_private_mount_namespace() -> Result<CgroupMode> {
     let sys =
         |action: &'static str, path: &str, e: nix::Error| Error::io(action, path, std::io::Error::from(e));
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| sys("unshare the mount namespace for", "/", e))?;
-    // Our overlay mounts must not propagate back to the host's namespace.
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|e| sys("make private", "/", e))?;
+    // Our overlay mounts must not propagate back to the host's namespace; the host's later mounts
+    // (volumes a kubelet or a user mounts under a host path) still reach containers (rslave).
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)
+        .map_err(|e| sys("make a slave of the host's mounts", "/", e))?;
     if mode == CgroupMode::Hybrid {
         mount(Some("none"), "/sys/fs/cgroup/unified", Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=4k"))
             .map_err(|e| sys("hide", "/sys/fs/cgroup/unified", e))?;

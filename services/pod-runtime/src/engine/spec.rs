@@ -12,7 +12,7 @@ pub const PAUSE_PATH: &str = "/hpk-pause";
 pub const EVENTS_DIR: &str = "/run/hpk";
 
 /// The capabilities pod containers get by default, as containerd and CRI-O grant them.
-const DEFAULT_CAPS: &[&str] = &[
+pub const DEFAULT_CAPS: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
@@ -42,6 +42,67 @@ pub struct SandboxSpec {
     pub events_dir: PathBuf,
     /// Seconds the pause gives processes after SIGTERM.
     pub grace_seconds: u32,
+    /// Share the host's network namespace (hostNetwork) instead of a new one.
+    pub host_network: bool,
+    /// Share the host's IPC namespace (hostIPC) instead of a new one.
+    pub host_ipc: bool,
+    /// Namespaced sysctls set in the sandbox's namespaces, as `name → value`.
+    pub sysctls: std::collections::BTreeMap<String, String>,
+}
+
+/// How a bind mount sees mounts made later under its source (CRI `MountPropagation`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Propagation {
+    /// Neither way (`rprivate`).
+    #[default]
+    Private,
+    /// Host to container (`rslave`).
+    HostToContainer,
+    /// Both ways (`rshared`).
+    Bidirectional,
+}
+
+/// A bind mount into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// The host path.
+    pub host: PathBuf,
+    /// Where it appears in the container.
+    pub dest: String,
+    /// Read-only.
+    pub readonly: bool,
+    /// Propagation of later mounts.
+    pub propagation: Propagation,
+}
+
+/// A container's privileges: what the CRI security context asked for, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Security {
+    /// Capabilities (bounding, effective, permitted), `CAP_` names.
+    pub capabilities: Vec<String>,
+    /// `no_new_privs` for the process.
+    pub no_new_privileges: bool,
+    /// Paths masked in /proc and /sys.
+    pub masked_paths: Vec<String>,
+    /// Paths made read-only.
+    pub readonly_paths: Vec<String>,
+    /// Privileged: /sys writable (and, by the caller, every capability, nothing masked).
+    pub privileged: bool,
+    /// An OCI `linux.seccomp` object, when a profile applies.
+    pub seccomp: Option<Value>,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Self {
+            capabilities: DEFAULT_CAPS.iter().map(|c| (*c).to_owned()).collect(),
+            no_new_privileges: false,
+            masked_paths: DEFAULT_MASKED.iter().map(|p| (*p).to_owned()).collect(),
+            readonly_paths: DEFAULT_READONLY.iter().map(|p| (*p).to_owned()).collect(),
+            privileged: false,
+            seccomp: None,
+        }
+    }
 }
 
 /// A pod container joining a sandbox.
@@ -61,8 +122,14 @@ pub struct ContainerSpec {
     pub uid: u32,
     /// Primary group ID.
     pub gid: u32,
-    /// Bind mounts: host path, container path, read-only.
-    pub mounts: Vec<(PathBuf, String, bool)>,
+    /// Supplementary group IDs.
+    pub additional_gids: Vec<u32>,
+    /// Bind mounts.
+    pub mounts: Vec<Mount>,
+    /// Privileges.
+    pub security: Security,
+    /// A PID namespace of its own (CRI `NamespaceMode::CONTAINER`) instead of the pod's.
+    pub own_pid_namespace: bool,
     /// Mount the root filesystem read-only.
     pub readonly_rootfs: bool,
     /// Whether the process gets a terminal (crun then needs a console socket).
@@ -102,6 +169,13 @@ impl SandboxSpec {
             bind(&self.events_dir, EVENTS_DIR, false),
         ];
         mounts.extend(library_mounts);
+        let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "uts"}), json!({"type": "mount"})];
+        if !self.host_network {
+            namespaces.push(json!({"type": "network"}));
+        }
+        if !self.host_ipc {
+            namespaces.push(json!({"type": "ipc"}));
+        }
         let config = json!({
             "ociVersion": "1.0.2",
             "process": {
@@ -111,15 +185,16 @@ impl SandboxSpec {
                 "env": ["PATH=/"],
                 "cwd": "/",
                 "noNewPrivileges": true,
-                "capabilities": caps(&["CAP_KILL"]),
+                "capabilities": caps_of(&["CAP_KILL"]),
             },
             "root": {"path": "rootfs", "readonly": true},
             "hostname": self.hostname,
             "mounts": mounts,
             "linux": {
-                "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
-                "maskedPaths": masked_paths(),
-                "readonlyPaths": readonly_paths(),
+                "namespaces": namespaces,
+                "sysctl": self.sysctls,
+                "maskedPaths": DEFAULT_MASKED,
+                "readonlyPaths": DEFAULT_READONLY,
             },
         });
         write_config(bundle, &config)
@@ -134,67 +209,136 @@ impl ContainerSpec {
         // crun runs in the sandbox's PID namespace with its /proc (Crun::in_pid_namespace), where
         // the pause is PID 1.
         let ns = |kind: &str, name: &str| json!({"type": kind, "path": format!("/proc/1/ns/{name}")});
+        let sys_options: &[&str] = if self.security.privileged {
+            &["nosuid", "noexec", "nodev", "rw"]
+        } else {
+            &["nosuid", "noexec", "nodev", "ro"]
+        };
         let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
             json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
             json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
             json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
-            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": sys_options}),
         ];
-        mounts.extend(self.mounts.iter().map(|(host, dest, ro)| bind(host, dest, *ro)));
+        mounts.extend(self.mounts.iter().map(bind_mount));
+        let caps: Vec<&str> = self.security.capabilities.iter().map(String::as_str).collect();
+        let pid = if self.own_pid_namespace { json!({"type": "pid"}) } else { ns("pid", "pid") };
+        let mut linux = json!({
+            "namespaces": [{"type": "mount"}, ns("network", "net"), ns("ipc", "ipc"), ns("uts", "uts"), pid],
+            "maskedPaths": self.security.masked_paths,
+            "readonlyPaths": self.security.readonly_paths,
+        });
+        if let Some(seccomp) = &self.security.seccomp {
+            linux["seccomp"] = seccomp.clone();
+        }
         let config = json!({
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": self.terminal,
-                "user": {"uid": self.uid, "gid": self.gid},
+                "user": {"uid": self.uid, "gid": self.gid, "additionalGids": self.additional_gids},
                 "args": self.args,
                 "env": self.env,
                 "cwd": self.cwd,
-                "capabilities": caps(DEFAULT_CAPS),
-                "noNewPrivileges": false,
+                "capabilities": caps_of(&caps),
+                "noNewPrivileges": self.security.no_new_privileges,
             },
             "root": {"path": self.rootfs, "readonly": self.readonly_rootfs},
             "mounts": mounts,
-            "linux": {
-                "namespaces": [{"type": "mount"}, ns("network", "net"), ns("ipc", "ipc"), ns("uts", "uts"), ns("pid", "pid")],
-                "maskedPaths": masked_paths(),
-                "readonlyPaths": readonly_paths(),
-            },
+            "linux": linux,
         });
         write_config(bundle, &config)
     }
 }
 
-fn caps(list: &[&str]) -> Value {
+fn caps_of(list: &[&str]) -> Value {
     json!({"bounding": list, "effective": list, "permitted": list})
 }
 
 fn bind(host: &Path, dest: &str, readonly: bool) -> Value {
-    let mut options = vec!["rbind", "rprivate"];
-    if readonly {
+    bind_mount(&Mount {
+        host: host.to_owned(),
+        dest: dest.to_owned(),
+        readonly,
+        propagation: Propagation::Private,
+    })
+}
+
+fn bind_mount(m: &Mount) -> Value {
+    let propagation = match m.propagation {
+        Propagation::Private => "rprivate",
+        Propagation::HostToContainer => "rslave",
+        Propagation::Bidirectional => "rshared",
+    };
+    let mut options = vec!["rbind", propagation];
+    if m.readonly {
         options.push("ro");
     }
-    json!({"destination": dest, "type": "bind", "source": host, "options": options})
+    json!({"destination": m.dest, "type": "bind", "source": m.host, "options": options})
 }
 
-fn masked_paths() -> Value {
-    json!([
-        "/proc/acpi",
-        "/proc/kcore",
-        "/proc/keys",
-        "/proc/latency_stats",
-        "/proc/timer_list",
-        "/proc/timer_stats",
-        "/proc/sched_debug",
-        "/sys/firmware",
-        "/proc/scsi"
-    ])
-}
+/// Paths masked by default, as containerd masks them.
+pub const DEFAULT_MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+];
 
-fn readonly_paths() -> Value {
-    json!(["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"])
-}
+/// Paths read-only by default.
+pub const DEFAULT_READONLY: &[&str] =
+    &["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
+/// Every capability the kernel defines (what a privileged container gets).
+pub const ALL_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
 
 fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|e| Error::io("create", path, e))
@@ -230,7 +374,15 @@ mod tests {
             cwd: "/".into(),
             uid: 1000,
             gid: 1000,
-            mounts: vec![(tmp.path().join("vol"), "/data".into(), true)],
+            additional_gids: vec![5],
+            mounts: vec![Mount {
+                host: tmp.path().join("vol"),
+                dest: "/data".into(),
+                readonly: true,
+                propagation: Propagation::HostToContainer,
+            }],
+            security: Security::default(),
+            own_pid_namespace: false,
             readonly_rootfs: true,
             terminal: false,
         };
@@ -242,7 +394,7 @@ mod tests {
         assert_eq!(namespaces[0], json!({"type": "mount"}));
         assert!(namespaces.contains(&json!({"type": "network", "path": "/proc/1/ns/net"})));
         assert!(namespaces.contains(&json!({"type": "pid", "path": "/proc/1/ns/pid"})));
-        assert_eq!(config["process"]["user"], json!({"uid": 1000, "gid": 1000}));
+        assert_eq!(config["process"]["user"], json!({"uid": 1000, "gid": 1000, "additionalGids": [5]}));
         assert_eq!(config["root"]["readonly"], json!(true));
         let data = config["mounts"]
             .as_array()
@@ -250,7 +402,7 @@ mod tests {
             .iter()
             .find(|m| m["destination"] == "/data")
             .expect("/data");
-        assert!(data["options"].as_array().expect("options").contains(&json!("ro")));
+        assert_eq!(data["options"], json!(["rbind", "rslave", "ro"]));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tracing::info;
 
 use super::events::mark_exited;
 use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
-use crate::engine::{ContainerSpec, Overlay};
+use crate::engine::{ContainerSpec, Mount, Overlay, Propagation, Security};
 
 /// How long a log shim may take to open its FIFOs.
 const SHIM_READY: Duration = Duration::from_secs(10);
@@ -81,12 +81,35 @@ impl Runtime {
             .images
             .status(&image_ref)
             .ok_or_else(|| Error::NotFound { kind: "image", id: image_ref.clone() })?;
+        super::security::validate(&config)?;
+        let security = super::security::security(&config)?;
+        let own_pid_namespace = super::security::own_pid_namespace(&config)?;
         let process = process_of(&config, &image.config)?;
         let log_path = match (log_dir.is_empty(), config.log_path.is_empty()) {
             (false, false) => Some(join_inside(std::path::Path::new(&log_dir), &config.log_path)?),
             _ => None,
         };
-        let mounts = mounts_of(&config)?;
+        let mut mounts = mounts_of(&config)?;
+        // The pod's resolv.conf, hostname and hosts, where the kubelet mounts none of its own.
+        let readonly_rootfs = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.readonly_rootfs);
+        for name in ["resolv.conf", "hostname", "hosts"] {
+            let dest = format!("/etc/{name}");
+            let file = self.sandbox_dir(&sandbox_id).join(name);
+            if file.is_file() && !mounts.iter().any(|m| m.dest == dest) {
+                mounts.push(Mount {
+                    host: file,
+                    dest,
+                    readonly: readonly_rootfs,
+                    propagation: Propagation::Private,
+                });
+            }
+        }
+        let image_user = image.config.user.clone().unwrap_or_default();
+        let process = Process { security, own_pid_namespace, image_user, ..process };
 
         let id = new_id()?;
         let dir = self.container_dir(&id);
@@ -282,12 +305,14 @@ impl Runtime {
         layers: Vec<PathBuf>,
         pause_pid: u32,
         process: Process,
-        mounts: Vec<(PathBuf, String, bool)>,
+        mounts: Vec<Mount>,
         config: &cri::ContainerConfig,
         output: Output,
     ) -> Result<Option<String>> {
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
+        // Names resolve in the image's own /etc/passwd and /etc/group, now mounted.
+        let user = super::security::resolve_user(config, &process.image_user, &overlay.target)?;
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
         let spec = ContainerSpec {
             id: id.to_owned(),
@@ -295,9 +320,12 @@ impl Runtime {
             args: process.args,
             env: process.env,
             cwd: process.cwd,
-            uid: process.uid,
-            gid: process.gid,
+            uid: user.uid,
+            gid: user.gid,
+            additional_gids: user.additional_gids,
             mounts,
+            security: process.security,
+            own_pid_namespace: process.own_pid_namespace,
             readonly_rootfs: security.is_some_and(|s| s.readonly_rootfs),
             terminal: output.console.is_some(),
         };
@@ -373,8 +401,9 @@ impl Runtime {
     }
 
     /// Stops a running container: SIGTERM, then SIGKILL after `timeout` seconds.
+    /// Stopping an unknown container succeeds, as the CRI asks (the kubelet retries).
     pub async fn stop_container(&self, wanted: &str, timeout: i64) -> Result<()> {
-        let id = self.resolve_container(wanted).await?;
+        let Ok(id) = self.resolve_container(wanted).await else { return Ok(()) };
         let (mut exited, crun) = {
             let state = self.state.lock().await;
             let c = state
@@ -531,13 +560,15 @@ impl Container {
     }
 }
 
-/// What runs: arguments, environment, directory and identity.
+/// What runs: arguments, environment, directory, the image's user and the privileges.
 pub(crate) struct Process {
     args: Vec<String>,
     env: Vec<String>,
     cwd: String,
-    uid: u32,
-    gid: u32,
+    /// The image's `User`, resolved once the root filesystem is mounted.
+    image_user: String,
+    security: Security,
+    own_pid_namespace: bool,
 }
 
 /// Kubernetes semantics: `command` replaces the image's entrypoint (and drops its cmd), `args`
@@ -576,33 +607,17 @@ fn process_of(config: &cri::ContainerConfig, image: &crate::images::ImageConfig)
     } else {
         "/".into()
     };
-    let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
-    let (mut uid, mut gid) = parse_user(image.user.as_deref().unwrap_or(""))?;
-    if let Some(user) = security.and_then(|s| s.run_as_user.as_ref()) {
-        uid = u32::try_from(user.value)
-            .map_err(|_| Error::Invalid(format!("runAsUser {} is out of range", user.value)))?;
-    }
-    if let Some(group) = security.and_then(|s| s.run_as_group.as_ref()) {
-        gid = u32::try_from(group.value)
-            .map_err(|_| Error::Invalid(format!("runAsGroup {} is out of range", group.value)))?;
-    }
-    Ok(Process { args, env, cwd, uid, gid })
+    Ok(Process {
+        args,
+        env,
+        cwd,
+        image_user: String::new(),
+        security: Security::default(),
+        own_pid_namespace: false,
+    })
 }
 
-/// The image's `User`: empty, `uid` or `uid:gid`. Names need the image's /etc/passwd, which is
-/// not read yet.
-fn parse_user(user: &str) -> Result<(u32, u32)> {
-    if user.is_empty() {
-        return Ok((0, 0));
-    }
-    let (u, g) = user.split_once(':').unwrap_or((user, "0"));
-    match (u.parse(), g.parse()) {
-        (Ok(uid), Ok(gid)) => Ok((uid, gid)),
-        _ => Err(Error::Invalid(format!("image user {user:?}: only numeric uid[:gid] is supported yet"))),
-    }
-}
-
-fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<(PathBuf, String, bool)>> {
+fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<Mount>> {
     config
         .mounts
         .iter()
@@ -619,7 +634,12 @@ fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<(PathBuf, String, bool
             if !host.exists() {
                 return Err(Error::Invalid(format!("mount source {} does not exist", host.display())));
             }
-            Ok((host, m.container_path.clone(), m.readonly))
+            let propagation = match cri::MountPropagation::try_from(m.propagation) {
+                Ok(cri::MountPropagation::PropagationHostToContainer) => Propagation::HostToContainer,
+                Ok(cri::MountPropagation::PropagationBidirectional) => Propagation::Bidirectional,
+                _ => Propagation::Private,
+            };
+            Ok(Mount { host, dest: m.container_path.clone(), readonly: m.readonly, propagation })
         })
         .collect()
 }

@@ -71,7 +71,7 @@ impl Runtime {
         let (pid_file, log) = (scratch.path().join("pid"), scratch.path().join("crun.log"));
         let child = self
             .crun_for(pause_pid)
-            .exec(&id, &cmd, &pid_file, &log)
+            .exec(&id, &self.exec_process(&id, &cmd, false, scratch.path())?, &pid_file, &log)
             .spawn()
             .map_err(|e| Error::io("run crun exec in", self.container_dir(&id), e))?;
         let mut running = Running { child, pause_pid, pid_file, finished: false };
@@ -129,6 +129,32 @@ fn interpret(
         }
     }
     Ok(ExecOutput { stdout: stdout.bytes, stderr: stderr.bytes, exit_code })
+}
+
+impl Runtime {
+    /// Writes the OCI process an exec runs into `scratch`: the container's own (user, groups,
+    /// capabilities, `no_new_privs`, environment, working directory), with `cmd` as its
+    /// arguments, so an exec'd command has exactly the container's privileges.
+    pub(crate) fn exec_process(
+        &self,
+        id: &str,
+        cmd: &[String],
+        tty: bool,
+        scratch: &std::path::Path,
+    ) -> Result<PathBuf> {
+        let config_path = self.container_dir(id).join("bundle/config.json");
+        let text = std::fs::read(&config_path).map_err(|e| Error::io("read", &config_path, e))?;
+        let config: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|e| Error::io("parse", &config_path, std::io::Error::other(e.to_string())))?;
+        let mut process = config.get("process").cloned().unwrap_or_default();
+        process["args"] = serde_json::json!(cmd);
+        process["terminal"] = serde_json::json!(tty);
+        let path = scratch.join("process.json");
+        let bytes = serde_json::to_vec(&process)
+            .map_err(|e| Error::io("encode", &path, std::io::Error::other(e.to_string())))?;
+        std::fs::write(&path, bytes).map_err(|e| Error::io("write", &path, e))?;
+        Ok(path)
+    }
 }
 
 /// The command's exit code from crun's: its own, or a shell's 127/126 when crun could not

@@ -8,6 +8,7 @@ mod exec;
 mod record;
 mod recover;
 mod sandbox;
+mod security;
 mod stats;
 mod stream;
 

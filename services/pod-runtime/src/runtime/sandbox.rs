@@ -22,7 +22,9 @@ impl Runtime {
         if meta.name.is_empty() || meta.namespace.is_empty() {
             return Err(Error::Invalid("sandbox metadata needs a name and a namespace".into()));
         }
-        let hostname = if config.hostname.is_empty() { meta.name.clone() } else { config.hostname.clone() };
+        // No hostname asked for: the node's, as containerd and CRI-O do (the kubelet always
+        // sets one, except for pods on the host's network).
+        let hostname = if config.hostname.is_empty() { node_hostname() } else { config.hostname.clone() };
         if hostname.len() > 64 || hostname.contains('/') {
             return Err(Error::Invalid(format!("hostname {hostname:?} is not a valid host name")));
         }
@@ -64,12 +66,17 @@ impl Runtime {
         let socket = events_dir.join("events.sock");
         let listener =
             tokio::net::UnixListener::bind(&socket).map_err(|e| Error::io("listen on", &socket, e))?;
+        let namespaces = super::security::pod_namespaces(config)?;
+        write_pod_files(&dir, config, hostname, namespaces.host_network)?;
         let spec = SandboxSpec {
             id: id.to_owned(),
             hostname: hostname.to_owned(),
             pause_binary: self.config.pause_binary.clone(),
             events_dir,
             grace_seconds: self.config.pause_grace_seconds,
+            host_network: namespaces.host_network,
+            host_ipc: namespaces.host_ipc,
+            sysctls: namespaces.sysctls,
         };
         let bundle = dir.join("bundle");
         spec.write_bundle(&bundle)?;
@@ -253,4 +260,47 @@ impl Sandbox {
 
 fn sandbox_state(s: &Sandbox) -> cri::PodSandboxState {
     if s.ready { cri::PodSandboxState::SandboxReady } else { cri::PodSandboxState::SandboxNotready }
+}
+
+/// This machine's hostname (the bubble's, inside one).
+fn node_hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
+}
+
+/// Files every container of the pod gets unless the kubelet mounts its own: `resolv.conf`
+/// from the DNS config (the host's when none is given), `hostname`, and `hosts` (localhost
+/// and the pod's name; the host's with hostNetwork).
+fn write_pod_files(
+    dir: &std::path::Path,
+    config: &cri::PodSandboxConfig,
+    hostname: &str,
+    host_network: bool,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    let resolv = match &config.dns_config {
+        Some(dns) if !(dns.servers.is_empty() && dns.searches.is_empty() && dns.options.is_empty()) => {
+            let mut text = String::new();
+            for server in &dns.servers {
+                text.push_str(&format!("nameserver {server}\n"));
+            }
+            if !dns.searches.is_empty() {
+                text.push_str(&format!("search {}\n", dns.searches.join(" ")));
+            }
+            if !dns.options.is_empty() {
+                text.push_str(&format!("options {}\n", dns.options.join(" ")));
+            }
+            text
+        }
+        _ => std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+    };
+    let hosts = if host_network {
+        std::fs::read_to_string("/etc/hosts").unwrap_or_default()
+    } else {
+        format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n")
+    };
+    for (name, text) in [("resolv.conf", resolv), ("hostname", format!("{hostname}\n")), ("hosts", hosts)] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io("write", &path, e))?;
+    }
+    Ok(())
 }

@@ -146,7 +146,8 @@ impl Runtime {
         io: Io,
     ) -> Result<i32> {
         let (pid_file, log) = (scratch.join("pid"), scratch.join("crun.log"));
-        let mut command = self.crun_for(pause_pid).exec(id, cmd, &pid_file, &log);
+        let process = self.exec_process(id, cmd, false, scratch)?;
+        let mut command = self.crun_for(pause_pid).exec(id, &process, &pid_file, &log);
         command.stdin(if io.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child =
             command.spawn().map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;
@@ -192,7 +193,7 @@ impl Runtime {
         let receive = tokio::task::spawn_blocking(move || receive_fd(&listener));
         let status = self
             .crun_for(pause_pid)
-            .exec_detached_tty(id, cmd, &pid_file, &log, &console)
+            .exec_detached_tty(id, &self.exec_process(id, cmd, true, scratch)?, &pid_file, &log, &console)
             .status()
             .await
             .map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;
