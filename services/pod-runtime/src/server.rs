@@ -83,6 +83,15 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
     )?;
     let crun = Crun::new(&args.root.join("crun"));
     let kind = args.engine.resolve(crate::engine::on_path);
+    if kind == EngineKind::Apptainer {
+        for program in ["apptainer", "nsenter"] {
+            if !crate::engine::on_path(program) {
+                return Err(Error::Config(format!(
+                    "--engine apptainer needs `{program}` on PATH, and it is not there"
+                )));
+            }
+        }
+    }
     let engine = match kind {
         EngineKind::Crun => Engine::Crun,
         EngineKind::Apptainer => Engine::Apptainer(
