@@ -7,7 +7,7 @@ use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Images, RuntimeApi};
-use crate::engine::Crun;
+use crate::engine::{Apptainer, Crun, Engine, EngineChoice, EngineKind};
 use crate::images::{ImageStore, StoreOptions};
 use crate::runtime::{self, Runtime};
 
@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// clients (crictl, the kubelet) run on this host and its URLs carry single-use tokens.
     #[arg(long, env = "HPK_STREAMING_ADDRESS", default_value = "127.0.0.1:0")]
     pub streaming_address: std::net::SocketAddr,
+    /// The engine running sandboxes and containers: `crun`, `apptainer` (what HPC sites
+    /// have), or `auto` (apptainer when it is on PATH and crun is not, else crun).
+    #[arg(long, env = "HPK_POD_RUNTIME_ENGINE", value_enum, default_value_t = EngineChoice::Auto)]
+    pub engine: EngineChoice,
     /// The host's cgroup mode, detected by `main` before it hid anything.
     #[arg(skip = crate::engine::CgroupMode::V1)]
     pub cgroup_mode: crate::engine::CgroupMode,
@@ -78,6 +82,26 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         StoreOptions { insecure_registries: args.insecure_registries.clone() },
     )?;
     let crun = Crun::new(&args.root.join("crun"));
+    let kind = args.engine.resolve(crate::engine::on_path);
+    if kind == EngineKind::Apptainer {
+        for program in ["apptainer", "nsenter"] {
+            if !crate::engine::on_path(program) {
+                return Err(Error::Config(format!(
+                    "--engine apptainer needs `{program}` on PATH, and it is not there"
+                )));
+            }
+        }
+    }
+    let engine = match kind {
+        EngineKind::Crun => Engine::Crun,
+        EngineKind::Apptainer => Engine::Apptainer(
+            Apptainer::new(&args.root.join("apptainer"), args.insecure_registries.clone()).with_programs(
+                crate::engine::resolve_program("apptainer"),
+                crate::engine::resolve_program("nsenter"),
+            ),
+        ),
+    };
+    tracing::info!(engine = kind.name(), requested = ?args.engine, "engine");
     let config = runtime::Config {
         root: args.root.clone(),
         pause_binary,
@@ -85,6 +109,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         cgroup_mode: args.cgroup_mode,
         shim_binary: std::env::current_exe()
             .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
+        engine,
     };
     let runtime = Runtime::new(config, crun, images)?;
     runtime.recover().await?;

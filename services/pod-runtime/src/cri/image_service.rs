@@ -100,27 +100,27 @@ fn to_cri(image: &ImageRecord) -> cri::Image {
 #[tonic::async_trait]
 impl ImageService for Images {
     async fn list_images(&self, _: Request<cri::ListImagesRequest>) -> Reply<cri::ListImagesResponse> {
-        let images = self.0.images().list().iter().map(to_cri).collect();
+        let images = self.0.list_images().iter().map(to_cri).collect();
         Ok(Response::new(cri::ListImagesResponse { images }))
     }
 
     async fn image_status(&self, r: Request<cri::ImageStatusRequest>) -> Reply<cri::ImageStatusResponse> {
         let wanted = r.into_inner().image.map(|i| i.image).unwrap_or_default();
         // An image that is not present is not an error: the answer has no image.
-        let image = self.0.images().status(&wanted).as_ref().map(to_cri);
+        let image = self.0.image_status(&wanted).as_ref().map(to_cri);
         Ok(Response::new(cri::ImageStatusResponse { image, info: Default::default() }))
     }
 
     async fn pull_image(&self, r: Request<cri::PullImageRequest>) -> Reply<cri::PullImageResponse> {
         let r = r.into_inner();
         let reference = r.image.map(|i| i.image).unwrap_or_default();
-        let image = self.0.images().pull(&reference, credentials(r.auth)?).await.map_err(status)?;
+        let image = self.0.pull_image(&reference, credentials(r.auth)?).await?;
         Ok(Response::new(cri::PullImageResponse { image_ref: image.id }))
     }
 
     async fn remove_image(&self, r: Request<cri::RemoveImageRequest>) -> Reply<cri::RemoveImageResponse> {
         let wanted = r.into_inner().image.map(|i| i.image).unwrap_or_default();
-        self.0.images().remove(&wanted).await.map_err(status)?;
+        self.0.remove_image(&wanted).await?;
         Ok(Response::new(cri::RemoveImageResponse {}))
     }
 

@@ -124,7 +124,12 @@ impl RuntimeService for Runtime {
             message,
         };
         let limits = crate::engine::limits_not_enforced(self.0.cgroup_mode());
-        let info = [("limitsNotEnforced".to_owned(), limits.join("; "))].into_iter().collect();
+        let info = [
+            ("limitsNotEnforced".to_owned(), limits.join("; ")),
+            ("engine".to_owned(), self.0.engine_name().to_owned()),
+        ]
+        .into_iter()
+        .collect();
         Ok(Response::new(cri::StatusResponse {
             status: Some(cri::RuntimeStatus {
                 conditions: vec![

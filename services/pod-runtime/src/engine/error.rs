@@ -35,6 +35,9 @@ pub enum Error {
         /// The directory it must stay in.
         base: PathBuf,
     },
+    /// The engine cannot do what was asked (Apptainer's syntax or features do not reach).
+    #[error("{0}")]
+    Unsupported(String),
     /// An identifier is not usable as a container ID or directory name.
     #[error("invalid identifier {0:?}: use letters, digits, '-', '_' and '.'")]
     BadId(String),

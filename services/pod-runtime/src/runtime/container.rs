@@ -110,6 +110,7 @@ impl Runtime {
         }
         let image_user = image.config.user.clone().unwrap_or_default();
         let process = Process { security, own_pid_namespace, image_user, ..process };
+        self.engine_check_tty(config.tty)?;
 
         let id = new_id()?;
         let dir = self.container_dir(&id);
@@ -127,10 +128,8 @@ impl Runtime {
         let (start_error, shim_pid) = match created {
             Ok(created) => created,
             Err(err) => {
-                let _ = self.crun_for(pause_pid).delete(&id, true);
-                if let Ok(overlay) = Overlay::new(&dir, vec![]) {
-                    let _ = overlay.unmount(&self.crun);
-                }
+                let _ = self.engine_delete_container(&id, pause_pid);
+                let _ = self.engine_unmount(&dir);
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(err);
             }
@@ -157,8 +156,8 @@ impl Runtime {
             shim_pid,
         };
         if let Err(err) = container.save_all() {
-            let _ = self.crun_for(pause_pid).delete(&id, true);
-            let _ = Overlay::new(&container.dir, vec![]).and_then(|o| o.unmount(&self.crun));
+            let _ = self.engine_delete_container(&id, pause_pid);
+            let _ = self.engine_unmount(&container.dir);
             let _ = std::fs::remove_dir_all(&container.dir);
             return Err(err);
         }
@@ -309,6 +308,32 @@ impl Runtime {
         config: &cri::ContainerConfig,
         output: Output,
     ) -> Result<Option<String>> {
+        if self.apptainer().is_some() {
+            let image_ref = config.image.as_ref().map(|i| i.image.as_str()).unwrap_or_default();
+            let sif =
+                self.images.status(image_ref).and_then(|image| self.sif_of(&image)).ok_or_else(|| {
+                    Error::NotFound {
+                        kind: "image (as an Apptainer SIF; pull it again)",
+                        id: image_ref.to_owned(),
+                    }
+                })?;
+            let pod_uid = config
+                .linux
+                .as_ref()
+                .and_then(|l| l.security_context.as_ref())
+                .is_some_and(|s| s.run_as_user.is_some());
+            // Apptainer binds know no propagation; the image is a SIF, so only numeric users
+            // resolve (names need the image's /etc/passwd).
+            let binds = mounts.into_iter().map(|m| (m.host, m.dest, m.readonly)).collect();
+            let uid =
+                super::security::resolve_user(config, &process.image_user, Path::new("/nonexistent"))?.uid;
+            let launch =
+                super::dispatch::launch_of(sif, process.args, process.env, process.cwd, binds, config);
+            let stdio =
+                crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
+            self.apptainer_create(dir, pause_pid, launch, uid, pod_uid, stdio)?;
+            return Ok(None);
+        }
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
         // Names resolve in the image's own /etc/passwd and /etc/group, now mounted.
@@ -354,7 +379,7 @@ impl Runtime {
     /// Starts a created container.
     pub async fn start_container(&self, wanted: &str) -> Result<()> {
         let id = self.resolve_container(wanted).await?;
-        let crun = {
+        let pause_pid = {
             let mut state = self.state.lock().await;
             let c = state
                 .containers
@@ -371,13 +396,9 @@ impl Runtime {
                 info!(container = %id, %message, "container command not found; exited 127");
                 return Ok(());
             }
-            self.crun_for(c.pause_pid)
+            c.pause_pid
         };
-        // The init exists (waiting for start) since create: learn its PID in the sandbox now,
-        // so an exit reported right after start is matched to it.
-        let sandbox_pid =
-            crun.state(&id)?.map(|s| s.pid).filter(|pid| *pid > 0).and_then(|pid| i32::try_from(pid).ok());
-        crun.start(&id)?;
+        let sandbox_pid = self.engine_start_container(&id, pause_pid)?;
         let mut state = self.state.lock().await;
         let super::State { sandboxes, containers } = &mut *state;
         let c =
@@ -404,7 +425,7 @@ impl Runtime {
     /// Stopping an unknown container succeeds, as the CRI asks (the kubelet retries).
     pub async fn stop_container(&self, wanted: &str, timeout: i64) -> Result<()> {
         let Ok(id) = self.resolve_container(wanted).await else { return Ok(()) };
-        let (mut exited, crun) = {
+        let (mut exited, pause_pid) = {
             let state = self.state.lock().await;
             let c = state
                 .containers
@@ -413,16 +434,16 @@ impl Runtime {
             if c.state != cri::ContainerState::ContainerRunning {
                 return Ok(());
             }
-            (c.exited.subscribe(), self.crun_for(c.pause_pid))
+            (c.exited.subscribe(), c.pause_pid)
         };
         if timeout > 0 {
-            let _ = crun.kill(&id, "TERM");
+            let _ = self.engine_kill_container(&id, pause_pid, "TERM");
             let grace = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
             if tokio::time::timeout(grace, exited.wait_for(|done| *done)).await.is_ok() {
                 return Ok(());
             }
         }
-        let _ = crun.kill(&id, "KILL");
+        let _ = self.engine_kill_container(&id, pause_pid, "KILL");
         tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|done| *done))
             .await
             .map_err(|_| Error::Timeout(format!("container {id} did not exit after SIGKILL")))?
@@ -439,7 +460,7 @@ impl Runtime {
             let c = state.containers.get(&id);
             (c.map(|c| c.pause_pid).unwrap_or(0), c.and_then(|c| c.shim_pid))
         };
-        self.crun_for(pause_pid).delete(&id, true)?;
+        self.engine_delete_container(&id, pause_pid)?;
         // The shim ends by itself once every writer is gone; a process the container left
         // behind may still hold its stdout, and nothing reads that log any more.
         let shim = shim_pid.filter(|pid| crate::logshim::is_shim_of(*pid, &id));
@@ -448,7 +469,7 @@ impl Runtime {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         let dir = self.container_dir(&id);
-        Overlay::new(&dir, vec![])?.unmount(&self.crun)?;
+        self.engine_unmount(&dir)?;
         std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))?;
         let mut state = self.state.lock().await;
         self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);

@@ -63,9 +63,9 @@ impl From<Error> for tonic::Status {
         use tonic::Code;
         let code = match &err {
             Error::Invalid(_)
-            | Error::Engine(engine::Error::PathEscapes { .. } | engine::Error::BadId(_)) => {
-                Code::InvalidArgument
-            }
+            | Error::Engine(
+                engine::Error::PathEscapes { .. } | engine::Error::BadId(_) | engine::Error::Unsupported(_),
+            ) => Code::InvalidArgument,
             Error::NotFound { .. } => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,

@@ -70,8 +70,7 @@ impl Runtime {
             .map_err(|e| Error::io("create", self.container_dir(&id), e))?;
         let (pid_file, log) = (scratch.path().join("pid"), scratch.path().join("crun.log"));
         let child = self
-            .crun_for(pause_pid)
-            .exec(&id, &self.exec_process(&id, &cmd, false, scratch.path())?, &pid_file, &log)
+            .engine_exec(&id, pause_pid, &cmd, scratch.path(), &pid_file, &log)?
             .spawn()
             .map_err(|e| Error::io("run crun exec in", self.container_dir(&id), e))?;
         let mut running = Running { child, pause_pid, pid_file, finished: false };

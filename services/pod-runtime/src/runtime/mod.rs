@@ -2,6 +2,7 @@
 //! and the exits hpk-pause reports.
 
 mod container;
+mod dispatch;
 mod error;
 mod events;
 mod exec;
@@ -44,6 +45,8 @@ pub struct Config {
     pub cgroup_mode: crate::engine::CgroupMode,
     /// The program run as `PROGRAM log-shim …` for each container with a log (this binary).
     pub shim_binary: PathBuf,
+    /// The engine running sandboxes and containers (see `dispatch.rs`).
+    pub engine: crate::engine::Engine,
 }
 
 /// A sandbox the runtime manages.

@@ -24,7 +24,6 @@ use super::events::{mark_exited, parse_exit, parse_ready, sandbox_gone};
 use super::exec::sandbox_processes;
 use super::record::{self, CONFIG, STATE};
 use super::{Container, Error, Result, Runtime, Sandbox};
-use crate::engine::Overlay;
 
 /// How long a pause gets to reconnect and replay its queue after SIGHUP.
 const RECONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,7 +59,7 @@ impl Runtime {
                     if let Err(e) = outcome {
                         warn!(sandbox = %id, error = %e, "unreadable sandbox record; removing the sandbox");
                     }
-                    let _ = self.crun.delete(&id, true);
+                    let _ = self.engine_delete_sandbox(&id);
                     let _ = std::fs::remove_dir_all(&dir);
                     let _ = std::fs::remove_dir_all(self.events_dir(&id));
                     found.removed += 1;
@@ -85,8 +84,8 @@ impl Runtime {
                             0
                         }
                     };
-                    let _ = self.crun_for(pause_pid).delete(&id, true);
-                    let _ = Overlay::new(&dir, vec![]).and_then(|o| o.unmount(&self.crun));
+                    let _ = self.engine_delete_container(&id, pause_pid);
+                    let _ = self.engine_unmount(&dir);
                     let _ = std::fs::remove_dir_all(&dir);
                     found.removed += 1;
                 }
@@ -122,7 +121,8 @@ impl Runtime {
 
     /// Whether the sandbox's pause still runs as the same process.
     fn pause_alive(&self, id: &str, pause_pid: u32) -> Result<bool> {
-        let running = self.crun.state(id)?.is_some_and(|s| s.status == "running" && s.pid == pause_pid);
+        let running =
+            self.engine_sandbox_state(id)?.is_some_and(|s| s.status == "running" && s.pid == pause_pid);
         let cmdline = std::fs::read(format!("/proc/{pause_pid}/cmdline")).unwrap_or_default();
         Ok(running && String::from_utf8_lossy(&cmdline).contains("hpk-pause"))
     }

@@ -46,7 +46,7 @@ impl Runtime {
             }
             Err(err) => {
                 // Nothing half-created stays behind.
-                let _ = self.crun.delete(&id, true);
+                let _ = self.engine_delete_sandbox(&id);
                 let _ = std::fs::remove_dir_all(self.sandbox_dir(&id));
                 let _ = std::fs::remove_dir_all(self.events_dir(&id));
                 Err(err)
@@ -78,10 +78,7 @@ impl Runtime {
             host_ipc: namespaces.host_ipc,
             sysctls: namespaces.sysctls,
         };
-        let bundle = dir.join("bundle");
-        spec.write_bundle(&bundle)?;
-        self.crun.create(id, &bundle, crate::engine::Stdio3::null(), None)?;
-        self.crun.start(id)?;
+        self.engine_start_sandbox(&spec, &dir)?;
         let ready = async {
             let (stream, _) = listener.accept().await.map_err(|e| Error::io("accept on", &socket, e))?;
             let mut reader = BufReader::new(stream);
@@ -96,15 +93,12 @@ impl Runtime {
             Error::Timeout(format!("hpk-pause of sandbox {id} not ready within {READY_TIMEOUT:?}"))
         })??;
         let pid =
-            self.crun.state(id)?.map(|s| s.pid).filter(|pid| *pid > 0).ok_or_else(|| {
+            self.engine_sandbox_state(id)?.map(|s| s.pid).filter(|pid| *pid > 0).ok_or_else(|| {
                 Error::FailedPrecondition(format!("sandbox {id} stopped right after start"))
             })?;
         // Until the net-forwarder provides interfaces, a sandbox has loopback only; bring it up
         // so containers can talk over localhost.
-        self.crun.run_prefixed(
-            "nsenter",
-            &[&format!("--net=/proc/{pid}/ns/net"), "ip", "link", "set", "lo", "up"],
-        )?;
+        self.engine_loopback_up(pid)?;
         let sandbox = Sandbox {
             id: id.to_owned(),
             config: config.clone(),
@@ -137,12 +131,12 @@ impl Runtime {
         for container in containers {
             self.stop_container(&container, 0).await?;
         }
-        if self.crun.state(&id)?.is_some_and(|s| s.status == "running") {
-            self.crun.kill(&id, "TERM")?;
+        if self.engine_sandbox_state(&id)?.is_some_and(|s| s.status == "running") {
+            self.engine_kill_sandbox(&id, "TERM")?;
             let deadline = Duration::from_secs(u64::from(self.config.pause_grace_seconds) + 5);
             if !self.wait_stopped(&id, deadline).await? {
                 warn!(sandbox = %id, "pause did not stop; killing it");
-                self.crun.kill(&id, "KILL")?;
+                self.engine_kill_sandbox(&id, "KILL")?;
                 self.wait_stopped(&id, Duration::from_secs(5)).await?;
             }
         }
@@ -153,7 +147,7 @@ impl Runtime {
     async fn wait_stopped(&self, id: &str, within: Duration) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            if self.crun.state(id)?.is_none_or(|s| s.status != "running") {
+            if self.engine_sandbox_state(id)?.is_none_or(|s| s.status != "running") {
                 return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -174,7 +168,7 @@ impl Runtime {
         for container in containers {
             self.remove_container(&container).await?;
         }
-        self.crun.delete(&id, true)?;
+        self.engine_delete_sandbox(&id)?;
         for dir in [self.sandbox_dir(&id), self.events_dir(&id)] {
             std::fs::remove_dir_all(&dir)
                 .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })

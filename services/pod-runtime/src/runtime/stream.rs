@@ -85,6 +85,7 @@ impl Runtime {
             return Err(Error::Invalid("Exec needs a command".into()));
         }
         check_streams(req.tty, req.stdin, req.stdout, req.stderr)?;
+        self.engine_check_tty(req.tty)?;
         self.running_container(&req.container_id).await.map(drop)
     }
 
@@ -146,8 +147,7 @@ impl Runtime {
         io: Io,
     ) -> Result<i32> {
         let (pid_file, log) = (scratch.join("pid"), scratch.join("crun.log"));
-        let process = self.exec_process(id, cmd, false, scratch)?;
-        let mut command = self.crun_for(pause_pid).exec(id, &process, &pid_file, &log);
+        let mut command = self.engine_exec(id, pause_pid, cmd, scratch, &pid_file, &log)?;
         command.stdin(if io.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child =
             command.spawn().map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;

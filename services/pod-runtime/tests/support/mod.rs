@@ -54,6 +54,11 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn start(dir: &Path, registry: &str) -> Self {
+        Self::start_with(dir, registry, &[])
+    }
+
+    /// Starts the runtime with `extra` arguments (e.g. `--engine apptainer`).
+    pub fn start_with(dir: &Path, registry: &str, extra: &[&str]) -> Self {
         let socket = dir.join("run/cri.sock");
         let log = dir.join("runtime.log");
         let previous = std::fs::read_to_string(&log).unwrap_or_default();
@@ -66,6 +71,7 @@ impl Runtime {
             .arg(format!("--pause-binary={PAUSE}"))
             .arg(format!("--insecure-registry={registry}"))
             .arg("--pod-grace-seconds=2")
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
