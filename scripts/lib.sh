@@ -55,3 +55,21 @@ go_tool() {
   GOBIN="$HPK_TOOLS_DIR/bin" GOFLAGS=-trimpath go install "$module"
   echo "$module" >"$stamp"
 }
+
+# go_test_tool NAME MODULE VERSION PACKAGE [LDFLAGS]: builds a pinned Go test binary
+# (`go test -c`) of PACKAGE inside MODULE@VERSION into $HPK_TOOLS_DIR/bin once per version; for
+# suites shipped as tests, like cri-tools' critest. The module's own go.mod and go.sum pin its
+# dependencies, as `go install module@version` does for a main package.
+go_test_tool() {
+  local name=$1 module=$2 version=$3 package=$4 ldflags=${5:-} stamp dir
+  stamp="$HPK_TOOLS_DIR/stamps/$name"
+  if [ -x "$HPK_TOOLS_DIR/bin/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$module@$version $package" ]; then
+    return 0
+  fi
+  echo "building $module@$version $package"
+  mkdir -p "$HPK_TOOLS_DIR/bin" "$HPK_TOOLS_DIR/stamps"
+  dir=$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || { echo "go mod download $module@$version gave no directory" >&2; return 1; }
+  (cd "$dir" && GOFLAGS=-trimpath go test -c -ldflags "$ldflags" -o "$HPK_TOOLS_DIR/bin/$name" "$package")
+  echo "$module@$version $package" >"$stamp"
+}

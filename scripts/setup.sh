@@ -27,6 +27,14 @@ setup_tools() {
   go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
   # CRI client; v1.35.0 is not served by the module proxy, v1.34 is within the supported skew.
   go_tool crictl sigs.k8s.io/cri-tools/cmd/crictl@v1.34.0
+  setup_critest
+}
+
+# The CRI validation suite, run against hpk-pod-runtime by services/pod-runtime/critest/run.sh.
+# Upstream ships it as a Go test binary, so it is built with `go test -c`, at crictl's version.
+setup_critest() {
+  go_test_tool critest sigs.k8s.io/cri-tools v1.34.0 ./cmd/critest \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=1.34.0"
 }
 
 # The upstream control plane (kube-apiserver, controller-manager, scheduler, kube-proxy,

@@ -233,6 +233,15 @@ impl ContainerSpec {
         if let Some(seccomp) = &self.security.seccomp {
             linux["seccomp"] = seccomp.clone();
         }
+        // crun makes the container's whole tree private before its mounts unless told
+        // otherwise, and a bind of a private mount receives nothing: a mount that asks for
+        // propagation needs the tree to allow it (as containerd sets it).
+        let propagations: Vec<Propagation> = self.mounts.iter().map(|m| m.propagation).collect();
+        if propagations.contains(&Propagation::Bidirectional) {
+            linux["rootfsPropagation"] = json!("rshared");
+        } else if propagations.contains(&Propagation::HostToContainer) {
+            linux["rootfsPropagation"] = json!("rslave");
+        }
         let config = json!({
             "ociVersion": "1.0.2",
             "process": {
@@ -403,6 +412,7 @@ mod tests {
             .find(|m| m["destination"] == "/data")
             .expect("/data");
         assert_eq!(data["options"], json!(["rbind", "rslave", "ro"]));
+        assert_eq!(config["linux"]["rootfsPropagation"], "rslave");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! command sees the pod's processes and crun's PIDs are the sandbox's. crun waits for the
 //! command and exits with its status (128+N for a signal), which becomes the exit code.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
@@ -270,28 +270,35 @@ fn kill_session_of(pause_pid: u32, pid: i32) {
     }
 }
 
-/// The processes in the PID namespace of `pause_pid`, from the host's /proc.
+/// The processes in the PID namespace of `pause_pid` and in namespaces below it (a container
+/// with a PID namespace of its own), from the host's /proc, with their PIDs in the sandbox's
+/// namespace.
 pub(crate) fn sandbox_processes(pause_pid: u32) -> Vec<SandboxProcess> {
     let Ok(ns) = std::fs::read_link(format!("/proc/{pause_pid}/ns/pid")) else { return Vec::new() };
+    let Some(level) = ns_pids(Path::new(&format!("/proc/{pause_pid}"))).map(|p| p.len()) else {
+        return Vec::new();
+    };
+    // The sandbox's own procfs, where its processes and those of namespaces below it appear
+    // under their sandbox PIDs.
+    let inner_proc = PathBuf::from(format!("/proc/{pause_pid}/root/proc"));
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .flatten()
         .filter_map(|entry| {
             let host_pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
             let dir = entry.path();
-            if std::fs::read_link(dir.join("ns/pid")).ok()? != ns {
-                return None;
-            }
-            let status = std::fs::read_to_string(dir.join("status")).ok()?;
             // NSpid lists the PID in each namespace from the host's down to the process's own.
-            let sandbox_pid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))?
-                .split_whitespace()
-                .last()?
-                .parse()
-                .ok()?;
+            let pids = ns_pids(&dir)?;
+            let sandbox_pid = *pids.get(level.checked_sub(1)?)?;
             let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            if std::fs::read_link(dir.join("ns/pid")).ok()? != ns {
+                // Deeper, and the same process (same start time) in the sandbox's view.
+                let inner =
+                    std::fs::read_to_string(inner_proc.join(sandbox_pid.to_string()).join("stat")).ok()?;
+                if pids.len() <= level || start_time(&inner)? != start_time(&stat)? {
+                    return None;
+                }
+            }
             // After the command name (which may hold spaces and parentheses): state ppid pgrp
             // session ...
             let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
@@ -299,6 +306,18 @@ pub(crate) fn sandbox_processes(pause_pid: u32) -> Vec<SandboxProcess> {
             Some(SandboxProcess { host_pid, sandbox_pid, session })
         })
         .collect()
+}
+
+/// The `NSpid` line of `/proc/<pid>/status`.
+fn ns_pids(dir: &Path) -> Option<Vec<i32>> {
+    let status = std::fs::read_to_string(dir.join("status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_whitespace().map(|p| p.parse().ok()).collect()
+}
+
+/// Field 22 of a `/proc/<pid>/stat`: the start time in clock ticks since boot.
+fn start_time(stat: &str) -> Option<u64> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -161,7 +161,7 @@ pub(crate) fn security(config: &cri::ContainerConfig) -> Result<Security> {
     let Some(sc) = security_context(config) else { return Ok(security) };
     security.no_new_privileges = sc.no_new_privs;
     if sc.privileged {
-        security.capabilities = ALL_CAPS.iter().map(|c| (*c).to_owned()).collect();
+        security.capabilities = ALL_CAPS.iter().filter(|c| grantable(c)).map(|c| (*c).to_owned()).collect();
         security.masked_paths.clear();
         security.readonly_paths.clear();
         security.privileged = true;
@@ -197,7 +197,20 @@ pub(crate) fn security(config: &cri::ContainerConfig) -> Result<Security> {
         security.readonly_paths = sc.readonly_paths.clone();
     }
     security.seccomp = seccomp(sc)?;
+    security.capabilities.retain(|c| grantable(c));
     Ok(security)
+}
+
+/// Whether the runtime holds `cap` in its bounding set: what it lacks it cannot hand on (crun's
+/// capset would fail), so privileged and ALL mean "all the runtime has", as in containerd.
+fn grantable(cap: &str) -> bool {
+    let Some(bit) = ALL_CAPS.iter().position(|c| *c == cap) else { return false };
+    let bounding = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapBnd:")).map(|v| v.trim().to_owned()))
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .unwrap_or(u64::MAX);
+    bounding & (1u64 << bit) != 0
 }
 
 /// The seccomp profile: none (Unconfined, or nothing said), hpk's default (RuntimeDefault), or
@@ -447,7 +460,8 @@ mod tests {
         let privileged =
             with_sc(cri::LinuxContainerSecurityContext { privileged: true, ..Default::default() });
         let s = security(&privileged).expect("security");
-        assert_eq!(s.capabilities.len(), ALL_CAPS.len());
+        assert_eq!(s.capabilities.len(), ALL_CAPS.iter().filter(|c| grantable(c)).count());
+        assert!(s.capabilities.contains(&"CAP_SYS_ADMIN".to_owned()));
         assert!(s.masked_paths.is_empty() && s.seccomp.is_none());
         let unknown = with_sc(cri::LinuxContainerSecurityContext {
             capabilities: Some(cri::Capability {
