@@ -36,3 +36,15 @@ cargo_test() {
 }
 
 stage "cargo test" cargo_test
+
+# The CRI validation suite against the runtime the tests just built, skipping the specs
+# services/pod-runtime/critest/known-failures.txt lists with their reasons: any other failure
+# fails the run.
+critest_known() {
+  local skip
+  skip=$(grep -v '^#' services/pod-runtime/critest/known-failures.txt | cut -f1 | paste -sd'|')
+  services/pod-runtime/critest/run.sh --runtime target/debug/hpk-pod-runtime \
+    --pause target/debug/hpk-pause --out target/critest --skip "$skip"
+}
+
+stage "critest" critest_known

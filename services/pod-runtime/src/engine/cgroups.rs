@@ -34,10 +34,22 @@ impl CgroupMode {
     }
 }
 
+/// This process's cgroup v2 directory, when it may create cgroups below it (delegated).
+fn delegated_v2_subtree() -> Option<std::path::PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let writable = rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_ok();
+    writable.then_some(dir)
+}
+
 /// The resource limits a pod may ask for that this runtime does not enforce on a host with
 /// cgroups in `mode`, with why; shown in the CRI `Status` and logged at start.
 pub fn limits_not_enforced(mode: CgroupMode) -> Vec<String> {
     let why = match mode {
+        CgroupMode::V2 if delegated_v2_subtree().is_some() => {
+            "crun runs without a cgroup manager: enforcing limits in the delegated cgroup v2 subtree is not implemented yet"
+        }
         CgroupMode::V2 => {
             "crun runs without a cgroup manager: no cgroup v2 subtree is delegated to the runtime"
         }
