@@ -17,6 +17,9 @@ pub struct Crun {
     prefix: Vec<OsString>,
 }
 
+/// The file `crun create` writes its init's PID into, in the bundle.
+const INIT_PID: &str = "init.pid";
+
 /// A container's standard input, output and error.
 #[derive(Debug)]
 pub struct Stdio3 {
@@ -114,7 +117,11 @@ impl Crun {
     pub fn create(&self, id: &str, bundle: &Path, stdio: Stdio3, console: Option<&Path>) -> Result<()> {
         let log = bundle.join("crun.log");
         let mut cmd = self.crun();
-        cmd.arg(format!("--log=file:{}", log.display())).args(["create", "--bundle"]).arg(bundle);
+        cmd.arg(format!("--log=file:{}", log.display()))
+            .args(["create", "--pid-file"])
+            .arg(bundle.join(INIT_PID))
+            .arg("--bundle")
+            .arg(bundle);
         if let Some(console) = console {
             cmd.arg("--console-socket").arg(console);
         }
@@ -133,6 +140,17 @@ impl Crun {
             });
         }
         Ok(())
+    }
+
+    /// The PID of the init `crun create` made from `bundle`, as crun numbered it (in the PID
+    /// namespace crun ran in), from the pid file; spares a `crun state` per start.
+    pub fn created_pid(bundle: &Path) -> Option<u32> {
+        std::fs::read_to_string(bundle.join(INIT_PID)).ok()?.trim().parse().ok().filter(|pid| *pid > 0)
+    }
+
+    /// Whether commands run through a prefix (another mount namespace, tests).
+    pub fn has_prefix(&self) -> bool {
+        !self.prefix.is_empty()
     }
 
     /// `crun start`.

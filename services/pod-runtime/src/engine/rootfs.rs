@@ -38,12 +38,32 @@ impl Overlay {
             self.upper.display(),
             self.work.display()
         );
+        if !crun.has_prefix() {
+            // Our own mount namespace is the containers': mount here, without a process.
+            use nix::mount::{MsFlags, mount};
+            return mount(
+                Some("overlay"),
+                &self.target,
+                Some("overlay"),
+                MsFlags::empty(),
+                Some(options.as_str()),
+            )
+            .map_err(|e| Error::io("mount an overlay on", &self.target, e.into()));
+        }
         run(crun.prefixed("mount").args(["-t", "overlay", "overlay", "-o", &options]).arg(&self.target))
             .map(drop)
     }
 
     /// Unmounts it; not mounted is fine.
     pub fn unmount(&self, crun: &Crun) -> Result<()> {
+        if !crun.has_prefix() {
+            use nix::mount::{MntFlags, umount2};
+            return match umount2(&self.target, MntFlags::empty()) {
+                // Not a mount point (never mounted, or mounted in a namespace that is gone).
+                Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+                Err(e) => Err(Error::io("unmount", &self.target, e.into())),
+            };
+        }
         match run(crun.prefixed("umount").arg(&self.target)) {
             Err(Error::Command { stderr, .. }) if stderr.contains("not mounted") => Ok(()),
             other => other.map(drop),

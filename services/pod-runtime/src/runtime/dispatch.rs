@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::{Error, Result, Runtime};
 use crate::engine::apptainer::{self, ContainerLaunch, Stop};
-use crate::engine::{Apptainer, ContainerState, Engine, Overlay, SandboxSpec};
+use crate::engine::{Apptainer, ContainerState, Crun, Engine, Overlay, SandboxSpec};
 use crate::images::{Credentials, ImageRecord, ImageRef};
 
 const PID_FILE: &str = "apptainer.pid";
@@ -74,6 +74,14 @@ impl Runtime {
             .into());
         }
         Ok(())
+    }
+
+    /// The host PID of a sandbox's pause right after it started.
+    pub(crate) fn engine_sandbox_pid(&self, id: &str, dir: &Path) -> Result<Option<u32>> {
+        match self.apptainer() {
+            None => Ok(Crun::created_pid(&dir.join("bundle"))),
+            Some(_) => Ok(self.engine_sandbox_state(id)?.map(|s| s.pid).filter(|pid| *pid > 0)),
+        }
     }
 
     /// The sandbox's state (`running` with the pause's host PID); `None` if the engine does
@@ -175,9 +183,10 @@ impl Runtime {
         if self.apptainer().is_none() {
             let crun = self.crun_for(pause_pid);
             // The init exists (waiting for start) since create: learn its PID in the sandbox
-            // now, so an exit reported right after start is matched to it.
-            let sandbox_pid =
-                crun.state(id)?.map(|s| s.pid).filter(|pid| *pid > 0).and_then(|pid| i32::try_from(pid).ok());
+            // now (crun ran in the sandbox's PID namespace), so an exit reported right after
+            // start is matched to it.
+            let sandbox_pid = Crun::created_pid(&self.container_dir(id).join("bundle"))
+                .and_then(|pid| i32::try_from(pid).ok());
             crun.start(id)?;
             return Ok(sandbox_pid);
         }

@@ -92,10 +92,9 @@ impl Runtime {
         let stream = tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
             Error::Timeout(format!("hpk-pause of sandbox {id} not ready within {READY_TIMEOUT:?}"))
         })??;
-        let pid =
-            self.engine_sandbox_state(id)?.map(|s| s.pid).filter(|pid| *pid > 0).ok_or_else(|| {
-                Error::FailedPrecondition(format!("sandbox {id} stopped right after start"))
-            })?;
+        let pid = self.engine_sandbox_pid(id, &dir)?.ok_or_else(|| {
+            Error::FailedPrecondition(format!("sandbox {id} has no pause process after start"))
+        })?;
         // Until the net-forwarder provides interfaces, a sandbox has loopback only; bring it up
         // so containers can talk over localhost.
         self.engine_loopback_up(pid)?;
