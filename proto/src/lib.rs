@@ -12,5 +12,14 @@ pub mod certsigner {
     }
 }
 
+/// `hpk.netforwarder.v1`: the node's pod network (veth attachment and IPAM).
+pub mod netforwarder {
+    /// Version 1 of the net-forwarder contract.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("hpk.netforwarder.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every HPK contract, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hpk_descriptor.bin"));
