@@ -4,6 +4,8 @@
 #   services/pod-runtime/critest/run.sh [options] [-- critest flags...]
 #     --runtime BIN   hpk-pod-runtime   [target/debug/hpk-pod-runtime]
 #     --pause BIN     hpk-pause         [target/debug/hpk-pause]
+#     --net-forwarder BIN  hpk-net-forwarder, which gives pods their addresses
+#                                       [target/debug/hpk-net-forwarder]
 #     --critest BIN   critest           [$HPK_TOOLS_DIR/bin/critest, from scripts/setup.sh]
 #     --crictl BIN    crictl            [$HPK_TOOLS_DIR/bin/crictl]
 #     --out DIR       reports           [target/critest]
@@ -26,6 +28,7 @@ source "$HERE/../../../scripts/lib.sh"
 
 RUNTIME=$HPK_ROOT/target/debug/hpk-pod-runtime
 PAUSE=$HPK_ROOT/target/debug/hpk-pause
+NETFWD=$HPK_ROOT/target/debug/hpk-net-forwarder
 CRITEST=$HPK_TOOLS_DIR/bin/critest
 CRICTL=$HPK_TOOLS_DIR/bin/crictl
 OUT=$HPK_ROOT/target/critest
@@ -34,6 +37,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --runtime) RUNTIME=$2; shift 2 ;;
     --pause) PAUSE=$2; shift 2 ;;
+    --net-forwarder) NETFWD=$2; shift 2 ;;
     --critest) CRITEST=$2; shift 2 ;;
     --crictl) CRICTL=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -50,13 +54,13 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 # Re-enter in fresh namespaces; nothing below touches the host's network or mounts.
 if [ -z "${HPK_CRITEST_NS:-}" ]; then
   [ "$(id -u)" -eq 0 ] || die "needs root (network and mount namespaces, crun as root)"
-  for tool in unshare crun nsenter docker-registry curl ip go "$RUNTIME" "$PAUSE" "$CRITEST" "$CRICTL"; do
+  for tool in unshare crun nsenter docker-registry curl ip go "$RUNTIME" "$PAUSE" "$NETFWD" "$CRITEST" "$CRICTL"; do
     command -v "$tool" >/dev/null || die "$tool not found (scripts/setup.sh, cargo build -p hpk-pod-runtime --bins)"
   done
   mkdir -p "$OUT"
   OUT=$(cd "$OUT" && pwd)
   export HPK_CRITEST_NS=1
-  exec unshare --net --mount --ipc --uts --propagation private -- "$0" --runtime "$RUNTIME" --pause "$PAUSE" \
+  exec unshare --net --mount --ipc --uts --propagation private -- "$0" --runtime "$RUNTIME" --pause "$PAUSE" --net-forwarder "$NETFWD" \
     --critest "$CRITEST" --crictl "$CRICTL" --out "$OUT" -- "${GINKGO[@]}"
 fi
 
@@ -66,7 +70,7 @@ ip link set lo up
 # (a slave of this one) and, through rslave binds, its containers. Only this namespace's view.
 mount --make-rshared /
 TMP=$(mktemp -d /tmp/hpk-critest.XXXXXX)
-RUNTIME_PID="" REGISTRY_PID=""
+RUNTIME_PID="" REGISTRY_PID="" NETFWD_PID=""
 SOCK=unix://$TMP/run/cri.sock
 crictl() { "$CRICTL" --config "$TMP/crictl.yaml" "$@"; }
 
@@ -88,6 +92,7 @@ cleanup() {
       echo "crictl rmp --all --force failed" >&2
   fi
   stop "$RUNTIME_PID" hpk-pod-runtime
+  stop "$NETFWD_PID" hpk-net-forwarder
   stop "$REGISTRY_PID" docker-registry
   # Anything still in this private network namespace was started by this run (a container
   # the runtime failed to remove, a host-network pod): name it, then end it by PID.
@@ -119,6 +124,7 @@ mkdir -m 0700 "$TMP/run"
 printf 'runtime-endpoint: %s\nimage-endpoint: %s\n' "$SOCK" "$SOCK" >"$TMP/crictl.yaml"
 cp "$RUNTIME" "$TMP/bin/hpk-pod-runtime"
 cp "$PAUSE" "$TMP/bin/hpk-pause"
+cp "$NETFWD" "$TMP/bin/hpk-net-forwarder"
 
 echo "==> registry and images"
 cat >"$TMP/registry/config.yml" <<EOF
@@ -148,10 +154,22 @@ printf '%s\n' "127.0.0.1 localhost" "::1 localhost" "127.0.0.2 registry.k8s.io g
 mount --bind "$TMP/hosts" /etc/hosts
 "$HERE/images.sh" 127.0.0.2:80 "$TMP/images" >/dev/null
 
+echo "==> hpk-net-forwarder"
+# This namespace is the bubble: pods get 10.88.0.0/16 addresses routed here, where critest runs.
+"$TMP/bin/hpk-net-forwarder" serve --socket="$TMP/nf/run/nf.sock" --state-dir="$TMP/nf/state" \
+  --pod-cidr=10.88.0.0/16 >"$OUT/net-forwarder.log" 2>&1 &
+NETFWD_PID=$!
+for _ in $(seq 300); do
+  [ -S "$TMP/nf/run/nf.sock" ] && break
+  kill -0 "$NETFWD_PID" 2>/dev/null || die "hpk-net-forwarder exited; see $OUT/net-forwarder.log"
+  sleep 0.1
+done
+[ -S "$TMP/nf/run/nf.sock" ] || die "hpk-net-forwarder not serving"
+
 echo "==> hpk-pod-runtime"
 "$TMP/bin/hpk-pod-runtime" --socket="$TMP/run/cri.sock" --root="$TMP/root" \
   --pause-binary="$TMP/bin/hpk-pause" --insecure-registry=registry.k8s.io,gcr.io \
-  --pod-grace-seconds=2 >"$OUT/runtime.log" 2>&1 &
+  --net-forwarder-socket="$TMP/nf/run/nf.sock" --pod-grace-seconds=2 >"$OUT/runtime.log" 2>&1 &
 RUNTIME_PID=$!
 for _ in $(seq 300); do
   crictl --timeout 2s version >/dev/null 2>&1 && break

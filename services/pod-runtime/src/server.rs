@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// have), or `auto` (apptainer when it is on PATH and crun is not, else crun).
     #[arg(long, env = "HPK_POD_RUNTIME_ENGINE", value_enum, default_value_t = EngineChoice::Auto)]
     pub engine: EngineChoice,
+    /// The net-forwarder's socket: pods get an address from it. Without it, pods have
+    /// loopback only.
+    #[arg(long, env = "HPK_NET_FORWARDER_SOCKET")]
+    pub net_forwarder_socket: Option<PathBuf>,
     /// The host's cgroup mode, detected by `main` before it hid anything.
     #[arg(skip = crate::engine::CgroupMode::V1)]
     pub cgroup_mode: crate::engine::CgroupMode,
@@ -109,6 +113,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         cgroup_mode: args.cgroup_mode,
         shim_binary: std::env::current_exe()
             .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
+        network: args.net_forwarder_socket.as_deref().map(runtime::PodNetwork::new),
         engine,
     };
     let runtime = Runtime::new(config, crun, images)?;

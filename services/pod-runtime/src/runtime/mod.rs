@@ -6,6 +6,7 @@ mod dispatch;
 mod error;
 mod events;
 mod exec;
+mod network;
 mod record;
 mod recover;
 mod sandbox;
@@ -22,6 +23,7 @@ use k8s_cri::v1 as cri;
 use tokio::sync::{Mutex, watch};
 
 pub use error::{Error, Result};
+pub use network::PodNetwork;
 pub use recover::Recovered;
 pub use stream::Sessions;
 
@@ -45,6 +47,8 @@ pub struct Config {
     pub cgroup_mode: crate::engine::CgroupMode,
     /// The program run as `PROGRAM log-shim …` for each container with a log (this binary).
     pub shim_binary: PathBuf,
+    /// Where pods get their address; loopback only when `None`.
+    pub network: Option<PodNetwork>,
     /// The engine running sandboxes and containers (see `dispatch.rs`).
     pub engine: crate::engine::Engine,
 }
@@ -59,6 +63,8 @@ pub struct Sandbox {
     pub(crate) pause_pid: u32,
     /// Exits reported by the pause that no container claimed yet, by PID in the sandbox.
     pub(crate) unclaimed_exits: HashMap<i32, i32>,
+    /// Its address from the net-forwarder (none: loopback only, or the host's network).
+    pub(crate) ip: Option<String>,
     /// Exec sessions waiting for the exit of their command, by PID in the sandbox.
     pub(crate) exit_waiters: HashMap<i32, tokio::sync::oneshot::Sender<i32>>,
 }

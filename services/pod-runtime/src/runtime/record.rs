@@ -23,6 +23,8 @@ pub(crate) struct SandboxState {
     pub(crate) created_at: i64,
     pub(crate) ready: bool,
     pub(crate) pause_pid: u32,
+    #[serde(default)]
+    pub(crate) ip: Option<String>,
 }
 
 /// The changing part of a container.
@@ -70,7 +72,12 @@ pub(crate) fn read<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<Option
 
 impl Sandbox {
     pub(crate) fn state_record(&self) -> SandboxState {
-        SandboxState { created_at: self.created_at, ready: self.ready, pause_pid: self.pause_pid }
+        SandboxState {
+            created_at: self.created_at,
+            ready: self.ready,
+            pause_pid: self.pause_pid,
+            ip: self.ip.clone(),
+        }
     }
 
     /// Saves the sandbox's config and state into `dir`.

@@ -218,6 +218,7 @@ fn load_sandbox(id: &str, dir: &std::path::Path) -> Result<Option<Sandbox>> {
         created_at: s.created_at,
         ready: s.ready,
         pause_pid: s.pause_pid,
+        ip: s.ip,
         unclaimed_exits: HashMap::new(),
         exit_waiters: HashMap::new(),
     }))

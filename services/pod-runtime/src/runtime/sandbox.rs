@@ -46,6 +46,9 @@ impl Runtime {
             }
             Err(err) => {
                 // Nothing half-created stays behind.
+                if let Some(network) = &self.config.network {
+                    let _ = network.detach(&id).await;
+                }
                 let _ = self.engine_delete_sandbox(&id);
                 let _ = std::fs::remove_dir_all(self.sandbox_dir(&id));
                 let _ = std::fs::remove_dir_all(self.events_dir(&id));
@@ -67,6 +70,7 @@ impl Runtime {
         let listener =
             tokio::net::UnixListener::bind(&socket).map_err(|e| Error::io("listen on", &socket, e))?;
         let namespaces = super::security::pod_namespaces(config)?;
+        let host_network = namespaces.host_network;
         write_pod_files(&dir, config, hostname, namespaces.host_network)?;
         let spec = SandboxSpec {
             id: id.to_owned(),
@@ -95,15 +99,20 @@ impl Runtime {
         let pid = self.engine_sandbox_pid(id, &dir)?.ok_or_else(|| {
             Error::FailedPrecondition(format!("sandbox {id} has no pause process after start"))
         })?;
-        // Until the net-forwarder provides interfaces, a sandbox has loopback only; bring it up
-        // so containers can talk over localhost.
+        // Containers talk over localhost whatever else the sandbox gets.
         self.engine_loopback_up(pid)?;
+        // The pod's address from the net-forwarder, unless the pod uses the host's network.
+        let ip = match &self.config.network {
+            Some(network) if !host_network => Some(network.attach(id, &format!("/proc/{pid}/ns/net")).await?),
+            _ => None,
+        };
         let sandbox = Sandbox {
             id: id.to_owned(),
             config: config.clone(),
             created_at: now_nanos(),
             ready: true,
             pause_pid: pid,
+            ip,
             unclaimed_exits: HashMap::new(),
             exit_waiters: HashMap::new(),
         };
@@ -140,6 +149,10 @@ impl Runtime {
             }
         }
         super::events::sandbox_gone(self, &id, "the sandbox stopped").await;
+        // The address goes back once the pause (and so the namespace) is gone.
+        if let Some(network) = &self.config.network {
+            network.detach(&id).await?;
+        }
         Ok(())
     }
 
@@ -235,7 +248,10 @@ impl Sandbox {
             metadata: s.config.metadata.clone(),
             state: sandbox_state(s) as i32,
             created_at: s.created_at,
-            network: Some(cri::PodSandboxNetworkStatus::default()),
+            network: Some(cri::PodSandboxNetworkStatus {
+                ip: s.ip.clone().unwrap_or_default(),
+                ..Default::default()
+            }),
             linux: None,
             labels: s.config.labels.clone(),
             annotations: s.config.annotations.clone(),

@@ -463,6 +463,13 @@ mod tests {
         assert_eq!(s.capabilities.len(), ALL_CAPS.iter().filter(|c| grantable(c)).count());
         assert!(s.capabilities.contains(&"CAP_SYS_ADMIN".to_owned()));
         assert!(s.masked_paths.is_empty() && s.seccomp.is_none());
+        let masked = with_sc(cri::LinuxContainerSecurityContext {
+            masked_paths: vec!["/bin/ls".into()],
+            readonly_paths: vec!["/tmp".into()],
+            ..Default::default()
+        });
+        let s = security(&masked).expect("security");
+        assert_eq!((s.masked_paths, s.readonly_paths), (vec!["/bin/ls".to_owned()], vec!["/tmp".to_owned()]));
         let unknown = with_sc(cri::LinuxContainerSecurityContext {
             capabilities: Some(cri::Capability {
                 add_capabilities: vec!["FLY".into()],
