@@ -204,12 +204,15 @@ pub(crate) fn security(config: &cri::ContainerConfig) -> Result<Security> {
 /// Whether the runtime holds `cap` in its bounding set: what it lacks it cannot hand on (crun's
 /// capset would fail), so privileged and ALL mean "all the runtime has", as in containerd.
 fn grantable(cap: &str) -> bool {
+    static BOUNDING: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let Some(bit) = ALL_CAPS.iter().position(|c| *c == cap) else { return false };
-    let bounding = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapBnd:")).map(|v| v.trim().to_owned()))
-        .and_then(|v| u64::from_str_radix(&v, 16).ok())
-        .unwrap_or(u64::MAX);
+    let bounding = *BOUNDING.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapBnd:")).map(|v| v.trim().to_owned()))
+            .and_then(|v| u64::from_str_radix(&v, 16).ok())
+            .unwrap_or(u64::MAX)
+    });
     bounding & (1u64 << bit) != 0
 }
 
