@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hpk_integration::image::{HTTPD_INDEX, HTTPD_PORT};
 use hpk_integration::registry::Client;
-use support::{CRICTL_TOOLS, Runtime, registry_with_shell_image, tools_present, write_json};
+use support::{CRICTL_TOOLS, Runtime, registry_with_shell_image, tools_present};
 
 /// A child process killed and reaped on drop.
 struct Owned(Child);
@@ -87,23 +87,7 @@ async fn pods_get_addresses_and_reach_each_other() {
         rt.ok(&["pull", &shell]);
         rt.ok(&["pull", &httpd]);
         let pod = |name: &str, image: &str, command: &[&str]| {
-            let pod = write_json(
-                &tmp.path().join(format!("{name}-pod.json")),
-                serde_json::json!({
-                    "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "attempt": 0},
-                    "log_directory": tmp.path().join("logs").join(name),
-                }),
-            );
-            let mut config = serde_json::json!({
-                "metadata": {"name": "main"}, "image": {"image": image}, "log_path": "main/0.log",
-            });
-            if !command.is_empty() {
-                config["command"] = serde_json::json!(command);
-            }
-            let ctr = write_json(&tmp.path().join(format!("{name}-ctr.json")), config);
-            let pod_id = rt.ok(&["runp", &pod]);
-            let ctr_id = rt.ok(&["create", &pod_id, &ctr, &pod]);
-            rt.ok(&["start", &ctr_id]);
+            let (pod_id, ctr_id) = rt.run_pod(tmp.path(), name, image, command, false, false);
             let status: serde_json::Value =
                 serde_json::from_str(&rt.ok(&["inspectp", &pod_id])).expect("inspectp");
             let ip = status["status"]["network"]["ip"].as_str().unwrap_or_default().to_owned();

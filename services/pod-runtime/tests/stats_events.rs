@@ -51,8 +51,12 @@ async fn stats_count_what_the_pod_uses() {
         );
         let ctr_id = rt.ok(&["create", &pod_id, &ctr, &pod]);
         rt.ok(&["start", &ctr_id]);
-        std::thread::sleep(Duration::from_millis(1500));
-
+        // Once the loop is done (the container's init then execs sleep), bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !rt.crictl(&["exec", "-s", &ctr_id, "pidof", "sleep"]).status.success() {
+            assert!(std::time::Instant::now() < deadline, "the burner never reached its sleep");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let stats = json(&rt.ok(&["stats", "-o", "json", "--label", "role=burner"]));
         let s = &stats["stats"][0];
         assert_eq!(s["attributes"]["id"], ctr_id.as_str(), "{stats}");

@@ -11,16 +11,12 @@ use std::time::{Duration, Instant};
 
 use hpk_integration::image::{HTTPD_INDEX, HTTPD_PORT};
 use hpk_integration::registry::Client;
-use support::{CRICTL_TOOLS, Runtime, registry_with_shell_image, tools_present, write_json};
+use support::{CRICTL_TOOLS, Runtime, registry_with_shell_image, tools_present};
 
 const TRANSPORTS: [&str; 2] = ["spdy", "websocket"];
 
-/// crictl against the runtime, as a command to finish setting up.
 fn crictl(rt: &Runtime) -> Command {
-    let endpoint = format!("unix://{}", rt.socket().display());
-    let mut cmd = Command::new("crictl");
-    cmd.args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"]);
-    cmd
+    rt.crictl_command()
 }
 
 fn run_with_input(mut cmd: Command, input: &[u8]) -> std::process::Output {
@@ -34,7 +30,7 @@ fn run_with_input(mut cmd: Command, input: &[u8]) -> std::process::Output {
 
 /// A pod running `command` in the shell image; returns (pod ID, container ID).
 fn pod(rt: &Runtime, dir: &std::path::Path, name: &str, image: &str, command: &[&str]) -> (String, String) {
-    pod_with(rt, dir, name, image, command, false, false)
+    rt.run_pod(dir, name, image, command, false, false)
 }
 
 /// Waits until the container has exited with `code`.
@@ -49,41 +45,6 @@ fn wait_exited(rt: &Runtime, id: &str, code: i64) {
         assert!(Instant::now() < deadline, "{id} still running: {inspect}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// A pod whose container may have stdin (closed after the first attach) and a terminal.
-fn pod_with(
-    rt: &Runtime,
-    dir: &std::path::Path,
-    name: &str,
-    image: &str,
-    command: &[&str],
-    stdin: bool,
-    tty: bool,
-) -> (String, String) {
-    let pod = write_json(
-        &dir.join(format!("{name}-pod.json")),
-        serde_json::json!({
-            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "attempt": 0},
-            "log_directory": dir.join("logs").join(name),
-        }),
-    );
-    let mut config = serde_json::json!({
-        "metadata": {"name": "main"},
-        "image": {"image": image},
-        "log_path": "main/0.log",
-        "stdin": stdin,
-        "stdin_once": stdin,
-        "tty": tty,
-    });
-    if !command.is_empty() {
-        config["command"] = serde_json::json!(command);
-    }
-    let ctr = write_json(&dir.join(format!("{name}-ctr.json")), config);
-    let pod_id = rt.ok(&["runp", &pod]);
-    let ctr_id = rt.ok(&["create", &pod_id, &ctr, &pod]);
-    rt.ok(&["start", &ctr_id]);
-    (pod_id, ctr_id)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,7 +126,7 @@ async fn crictl_exec_attach_and_port_forward() {
         // A container with stdin (once): attach -i feeds it, and the end of the client's
         // stdin is the container's.
         let (cat_pod, cat) =
-            pod_with(&rt, tmp.path(), "cat", &shell, &["sh", "-c", "tr a-z A-Z; exit 6"], true, false);
+            rt.run_pod(tmp.path(), "cat", &shell, &["sh", "-c", "tr a-z A-Z; exit 6"], true, false);
         let mut cmd = crictl(&rt);
         cmd.args(["attach", "-i", &cat]);
         let out = run_with_input(cmd, b"typed into attach\n");
@@ -176,7 +137,7 @@ async fn crictl_exec_attach_and_port_forward() {
 
         // A container with a terminal: attach -it from a pseudo-terminal; input is echoed by
         // the terminal, the size reaches it, and the shell's output and exit come back.
-        let (tty_pod, tty) = pod_with(&rt, tmp.path(), "tty", &shell, &["sh"], true, true);
+        let (tty_pod, tty) = rt.run_pod(tmp.path(), "tty", &shell, &["sh"], true, true);
         let endpoint = format!("unix://{}", rt.socket().display());
         let inner = format!("stty cols 99 rows 33; crictl --runtime-endpoint {endpoint} attach -i -t {tty}");
         let mut cmd = Command::new("script");

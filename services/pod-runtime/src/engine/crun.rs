@@ -200,19 +200,8 @@ impl Crun {
     /// them apart from the command's stderr. The process leads a new process group (so a
     /// timeout can kill the prefix and crun together) and is killed if dropped.
     pub fn exec(&self, id: &str, process: &Path, pid_file: &Path, log: &Path) -> tokio::process::Command {
-        let mut cmd = self.crun();
-        cmd.arg(format!("--log=file:{}", log.display()))
-            .arg("exec")
-            .arg("--process")
-            .arg(process)
-            .arg("--pid-file")
-            .arg(pid_file)
-            .arg(id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut cmd = tokio::process::Command::from(cmd);
-        cmd.process_group(0).kill_on_drop(true);
+        let mut cmd = self.exec_command(id, process, pid_file, log, &[]);
+        cmd.stdout(Stdio::piped());
         cmd
     }
 
@@ -227,17 +216,37 @@ impl Crun {
         log: &Path,
         console: &Path,
     ) -> tokio::process::Command {
+        let mut cmd = self.exec_command(
+            id,
+            process,
+            pid_file,
+            log,
+            &[OsString::from("--detach"), OsString::from("--console-socket"), console.as_os_str().to_owned()],
+        );
+        cmd.stdout(Stdio::null());
+        cmd
+    }
+
+    /// `crun exec [OPTIONS] --process PROCESS --pid-file PID_FILE ID`: stdin from /dev/null,
+    /// stderr piped, crun's messages also in `log`; a new process group, killed if dropped.
+    fn exec_command(
+        &self,
+        id: &str,
+        process: &Path,
+        pid_file: &Path,
+        log: &Path,
+        options: &[OsString],
+    ) -> tokio::process::Command {
         let mut cmd = self.crun();
         cmd.arg(format!("--log=file:{}", log.display()))
-            .args(["exec", "--detach", "--console-socket"])
-            .arg(console)
+            .arg("exec")
+            .args(options)
             .arg("--process")
             .arg(process)
             .arg("--pid-file")
             .arg(pid_file)
             .arg(id)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.process_group(0).kill_on_drop(true);

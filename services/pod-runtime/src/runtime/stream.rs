@@ -11,8 +11,6 @@
 //! - **port-forward** connects to the port on the sandbox's loopback from a thread that has
 //!   entered the sandbox's network namespace (the socket keeps the namespace it was made in).
 
-use std::io::IoSliceMut;
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -190,7 +188,10 @@ impl Runtime {
         let console = console_dir.path().join("c.sock");
         let listener = std::os::unix::net::UnixListener::bind(&console)
             .map_err(|e| Error::io("listen on", &console, e))?;
-        let receive = tokio::task::spawn_blocking(move || receive_fd(&listener));
+        // crun connects once and sends the terminal's master (the shim takes terminals the same way).
+        let receive = tokio::task::spawn_blocking(move || {
+            listener.accept().and_then(|(conn, _)| crate::logshim::receive_fd(&conn))
+        });
         let status = self
             .crun_for(pause_pid)
             .exec_detached_tty(id, &self.exec_process(id, cmd, true, scratch)?, &pid_file, &log, &console)
@@ -410,24 +411,6 @@ async fn apply_resizes(master: std::fs::File, mut resize: mpsc::Receiver<Termina
             warn!(error = %e, "resizing the terminal failed");
         }
     }
-}
-
-/// Accepts crun's connection on the console socket and takes the terminal's master from it.
-fn receive_fd(listener: &std::os::unix::net::UnixListener) -> std::io::Result<OwnedFd> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
-    let (conn, _) = listener.accept()?;
-    let mut buf = [0u8; 4096];
-    let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
-    recvmsg(&conn, &mut [IoSliceMut::new(&mut buf)], &mut ancillary, RecvFlags::CMSG_CLOEXEC)?;
-    for message in ancillary.drain() {
-        if let RecvAncillaryMessage::ScmRights(mut fds) = message
-            && let Some(fd) = fds.next()
-        {
-            return Ok(fd);
-        }
-    }
-    Err(std::io::Error::other("crun sent no terminal over the console socket"))
 }
 
 /// Connects to `127.0.0.1:port` (then `[::1]:port`) in the network namespace at `ns_path`.

@@ -105,13 +105,53 @@ impl Runtime {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    pub fn crictl(&self, args: &[&str]) -> std::process::Output {
+    /// crictl against this runtime, for the caller to finish setting up.
+    pub fn crictl_command(&self) -> Command {
         let endpoint = format!("unix://{}", self.socket.display());
-        Command::new("crictl")
-            .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"])
-            .args(args)
-            .output()
-            .expect("run crictl")
+        let mut cmd = Command::new("crictl");
+        cmd.args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"]);
+        cmd
+    }
+
+    pub fn crictl(&self, args: &[&str]) -> std::process::Output {
+        self.crictl_command().args(args).output().expect("run crictl")
+    }
+
+    /// Runs pod `name` with one container `main` running `command` (the image's own when
+    /// empty) from `image`, logs under `dir/logs/name`; the container may have stdin (closed
+    /// after the first attach) and a terminal. Returns (pod ID, container ID).
+    pub fn run_pod(
+        &self,
+        dir: &Path,
+        name: &str,
+        image: &str,
+        command: &[&str],
+        stdin: bool,
+        tty: bool,
+    ) -> (String, String) {
+        let pod = write_json(
+            &dir.join(format!("{name}-pod.json")),
+            serde_json::json!({
+                "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "attempt": 0},
+                "log_directory": dir.join("logs").join(name),
+            }),
+        );
+        let mut config = serde_json::json!({
+            "metadata": {"name": "main"},
+            "image": {"image": image},
+            "log_path": "main/0.log",
+            "stdin": stdin,
+            "stdin_once": stdin,
+            "tty": tty,
+        });
+        if !command.is_empty() {
+            config["command"] = serde_json::json!(command);
+        }
+        let ctr = write_json(&dir.join(format!("{name}-ctr.json")), config);
+        let pod_id = self.ok(&["runp", &pod]);
+        let ctr_id = self.ok(&["create", &pod_id, &ctr, &pod]);
+        self.ok(&["start", &ctr_id]);
+        (pod_id, ctr_id)
     }
 
     /// Runs crictl, asserting success; returns trimmed stdout.
