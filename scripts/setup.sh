@@ -14,6 +14,8 @@ setup_packages() {
   apt_install docker-registry busybox-static
   # The pod-runtime's engine; protoc for the k8s-cri crate's build script (CRI v1 types).
   apt_install crun protobuf-compiler
+  # critest/run.sh pushes its stand-in images to the local registry with curl.
+  apt_install curl
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
   if command -v systemctl >/dev/null; then

@@ -37,13 +37,18 @@ fn in_bubble(bubble: u32, program: &str) -> Command {
     cmd
 }
 
+/// Sends an HTTP request through `cmd` (an `nc`) and returns the reply. stdin stays open until
+/// the server has answered and closed: busybox nc stops reading the network once its stdin ends.
 fn http_get_in(mut cmd: Command) -> String {
     let mut child =
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("nc");
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"GET / HTTP/1.0\r\n\r\n")
-        .expect("request");
-    let out = child.wait_with_output().expect("nc output");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut stdin = child.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, b"GET / HTTP/1.0\r\n\r\n").expect("request");
+    let mut reply = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stdout.take().expect("stdout"), &mut reply);
+    drop(stdin);
+    let _ = child.wait();
+    reply
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,6 +67,11 @@ async fn pods_get_addresses_and_reach_each_other() {
             Command::new("unshare").args(["--net", "sleep", "infinity"]).spawn().expect("unshare --net"),
         );
         let bubble_pid = bubble.0.id();
+        // A bubble has an address of its own (slirp4netns' in production): traffic it sends
+        // to pods comes from there.
+        for args in [&["link", "set", "lo", "up"][..], &["addr", "add", "10.250.99.1/32", "dev", "lo"][..]] {
+            assert!(in_bubble(bubble_pid, "ip").args(args).status().expect("ip").success(), "ip {args:?}");
+        }
         let nf_dir = tmp.path().join("nf");
         std::fs::create_dir_all(&nf_dir).expect("nf dir");
         let nf_socket = nf_dir.join("run/nf.sock");
@@ -115,9 +125,17 @@ async fn pods_get_addresses_and_reach_each_other() {
         };
         assert!(body.contains(HTTPD_INDEX), "pod to pod: {body:?}\n{}", read(&nf_dir.join("nf.log")));
         // The bubble reaches a pod.
-        let mut nc = in_bubble(bubble_pid, "/bin/busybox");
-        nc.args(["nc", &web_ip, &HTTPD_PORT.to_string()]);
-        assert!(http_get_in(nc).contains(HTTPD_INDEX), "bubble to pod");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let reply = loop {
+            let mut nc = in_bubble(bubble_pid, "/bin/busybox");
+            nc.args(["nc", "-w", "10", &web_ip, &HTTPD_PORT.to_string()]);
+            let reply = http_get_in(nc);
+            if reply.contains(HTTPD_INDEX) || Instant::now() > deadline {
+                break reply;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(reply.contains(HTTPD_INDEX), "bubble to pod: {reply:?}");
 
         // Stopping the sandboxes gives the addresses and interfaces back.
         for pod in [&web_pod, &client_pod] {
