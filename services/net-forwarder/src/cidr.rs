@@ -28,6 +28,21 @@ impl PodCidr {
         self.prefix
     }
 
+    /// Whether `addr` is in this network.
+    pub fn contains(&self, addr: Ipv4Addr) -> bool {
+        u32::from(addr) & self.mask() == self.network
+    }
+
+    /// Whether the two networks share an address.
+    pub fn overlaps(&self, other: &PodCidr) -> bool {
+        let mask = self.mask() & other.mask();
+        self.network & mask == other.network & mask
+    }
+
+    fn mask(&self) -> u32 {
+        u32::MAX << (32 - u32::from(self.prefix))
+    }
+
     fn broadcast(&self) -> u32 {
         self.network | (u32::MAX >> self.prefix)
     }

@@ -15,9 +15,11 @@ mod error;
 pub mod ipam;
 pub mod link;
 pub mod netns;
+pub mod peers;
 pub mod server;
 pub mod service;
 pub mod stats;
+pub mod tuntap;
 
 pub use error::{Error, Result};
 pub use server::run;

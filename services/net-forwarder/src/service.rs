@@ -178,6 +178,7 @@ impl<N: Network> NetForwarder for Service<N> {
                 destination: format!("{}/32", a.address),
                 interface: host_interface(&a.sandbox_id),
                 sandbox_id: a.sandbox_id.clone(),
+                ..Default::default()
             })
             .collect();
         Ok(Response::new(pb::RoutesResponse { routes }))
@@ -210,6 +211,6 @@ impl<N: Network> NetForwarder for Service<N> {
                 })
             })
             .collect();
-        Ok(Response::new(pb::StatsResponse { interfaces }))
+        Ok(Response::new(pb::StatsResponse { interfaces, tunnel: None }))
     }
 }

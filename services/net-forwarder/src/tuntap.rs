@@ -1,0 +1,196 @@
+//! TUN and TAP devices from `/dev/net/tun`, with virtio-net headers and offloads.
+//!
+//! A device is created in the network namespace of the calling thread and lives as long as its
+//! file descriptor (it is not persistent), so a crashed process leaves no interface behind.
+//! With [`Options::vnet_hdr`] every read and write carries a 10-byte `virtio_net_hdr` first,
+//! which lets the kernel hand over and accept 64 KiB GSO packets with partial checksums instead
+//! of one packet per MTU: the per-packet cost, not the per-byte cost, is what limits a relay.
+//!
+//! This module holds the crate's only `unsafe` code: three ioctls that have no safe wrapper.
+
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::{Error, Result};
+
+/// Where the kernel's TUN/TAP clone device lives.
+pub const CLONE_DEVICE: &str = "/dev/net/tun";
+/// Size of the `virtio_net_hdr` that precedes each packet when [`Options::vnet_hdr`] is set.
+pub const VNET_HDR_LEN: usize = 10;
+
+const IFNAMSIZ: usize = 16;
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+// _IOW('T', 202, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int)
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+/// Offload flags for TUNSETOFFLOAD: the reader takes partial checksums and TCP GSO packets.
+const TUN_F_CSUM: libc::c_ulong = 0x01;
+const TUN_F_TSO4: libc::c_ulong = 0x02;
+const TUN_F_TSO6: libc::c_ulong = 0x04;
+
+/// Layer 3 (IP packets) or layer 2 (Ethernet frames).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// IP packets, no link-layer header.
+    Tun,
+    /// Ethernet frames.
+    Tap,
+}
+
+/// How to create a device.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// TUN or TAP.
+    pub kind: Kind,
+    /// Prefix each packet with a `virtio_net_hdr` and accept TCP segmentation and checksum
+    /// offloads (GSO packets up to 64 KiB).
+    pub vnet_hdr: bool,
+}
+
+/// An open TUN/TAP device; the interface disappears when this is dropped (and no other
+/// process holds a duplicate of the descriptor).
+#[derive(Debug)]
+pub struct Device {
+    file: File,
+    name: String,
+}
+
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; IFNAMSIZ],
+    flags: libc::c_short,
+    // struct ifreq is 40 bytes on 64-bit Linux; the union after the name is 24.
+    _pad: [u8; 22],
+}
+
+impl Device {
+    /// Creates the device `name` in the calling thread's network namespace.
+    pub fn create(name: &str, options: Options) -> Result<Self> {
+        if name.is_empty() || name.len() >= IFNAMSIZ || name.contains(['/', ' ', '\0']) {
+            return Err(Error::InvalidArgument(format!("interface name {name:?} is not valid")));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(CLONE_DEVICE)
+            .map_err(|e| Error::Config(explain_open_error(Path::new(CLONE_DEVICE), &e)))?;
+        let mut req = IfReqFlags { name: [0; IFNAMSIZ], flags: 0, _pad: [0; 22] };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        req.flags = IFF_NO_PI
+            | match options.kind {
+                Kind::Tun => IFF_TUN,
+                Kind::Tap => IFF_TAP,
+            };
+        if options.vnet_hdr {
+            req.flags |= IFF_VNET_HDR;
+        }
+        // SAFETY: `file` is an open /dev/net/tun descriptor and `req` a properly laid out,
+        // initialised `struct ifreq` that outlives the call; TUNSETIFF only reads and writes it.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut IfReqFlags) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(Error::Config(format!(
+                "cannot create {name} (TUNSETIFF): {e}; creating a TUN/TAP device needs CAP_NET_ADMIN in the \
+                 network namespace's user namespace (run inside the bubble)"
+            )));
+        }
+        let device = Device { file, name: name.to_owned() };
+        if options.vnet_hdr {
+            let size = VNET_HDR_LEN as libc::c_int;
+            // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer, which is valid for
+            // the duration of the call.
+            let rc =
+                unsafe { libc::ioctl(device.file.as_raw_fd(), TUNSETVNETHDRSZ, &size as *const libc::c_int) };
+            device.check(rc, "TUNSETVNETHDRSZ")?;
+            let offload = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6;
+            // SAFETY: TUNSETOFFLOAD takes its argument by value; no memory is passed.
+            let rc = unsafe { libc::ioctl(device.file.as_raw_fd(), TUNSETOFFLOAD, offload) };
+            device.check(rc, "TUNSETOFFLOAD")?;
+        }
+        Ok(device)
+    }
+
+    fn check(&self, rc: libc::c_int, what: &str) -> Result<()> {
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(Error::Config(format!("cannot configure {} ({what}): {e}", self.name)));
+        }
+        Ok(())
+    }
+
+    /// The interface's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The descriptor: reads return one packet (or frame), writes take one.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Gives up the descriptor (to pass it to another process or thread).
+    pub fn into_file(self) -> File {
+        self.file
+    }
+}
+
+/// Why `/dev/net/tun` cannot be opened, in words a user can act on. Rootless TUN/TAP needs the
+/// device to be world read-writable (0666, Debian's default); some hosts ship it 0600.
+pub fn explain_open_error(path: &Path, e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => {
+            format!("{} does not exist: the kernel's tun module is not loaded (modprobe tun)", path.display())
+        }
+        io::ErrorKind::PermissionDenied => {
+            let mode = std::fs::metadata(path).map(|m| m.permissions().mode() & 0o777).unwrap_or(0);
+            format!(
+                "cannot open {}: {e}; it is mode {mode:04o}, and rootless TUN/TAP devices need 0666 \
+                 (as root: chmod 0666 {})",
+                path.display(),
+                path.display()
+            )
+        }
+        _ => format!("cannot open {}: {e}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifreq_has_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<IfReqFlags>(), 40);
+        assert_eq!(std::mem::offset_of!(IfReqFlags, flags), 16);
+    }
+
+    #[test]
+    fn refuses_bad_names() {
+        for name in ["", "sixteen-chars-xx", "a/b", "a b"] {
+            let e = Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{name:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn explains_a_0600_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tun");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = io::Error::from(io::ErrorKind::PermissionDenied);
+        let text = explain_open_error(&path, &e);
+        assert!(text.contains("mode 0600") && text.contains("chmod 0666"), "{text}");
+        let text = explain_open_error(&dir.path().join("absent"), &io::Error::from(io::ErrorKind::NotFound));
+        assert!(text.contains("modprobe tun"), "{text}");
+    }
+}
