@@ -3,6 +3,8 @@
 
 #![allow(dead_code, missing_docs)]
 
+pub mod hosts;
+
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -66,7 +68,7 @@ pub struct Bubble {
 
 impl Bubble {
     fn create() -> Self {
-        let holder = spawn(Command::new("unshare").args([
+        Self::create_with(Command::new("unshare").args([
             "--user",
             "--map-root-user",
             "--net",
@@ -74,7 +76,12 @@ impl Bubble {
             "--",
             "sleep",
             "3600",
-        ]));
+        ]))
+    }
+
+    /// A bubble from a command that ends by exec'ing `unshare --user … sleep` (same PID).
+    fn create_with(cmd: &mut Command) -> Self {
+        let holder = spawn(cmd);
         let bubble = Bubble { holder, dir: tempfile::tempdir().expect("tempdir") };
         // unshare execs sleep once the namespaces exist; wait for that.
         let own = std::fs::read_link("/proc/self/ns/user").expect("own userns");
@@ -207,6 +214,14 @@ pub struct Server {
 }
 
 impl Server {
+    /// Spawns `cmd` (a `serve`) and waits until it answers on `socket`.
+    pub async fn start(cmd: &mut Command, socket: &Path) -> Server {
+        let child = spawn(cmd);
+        let mut server = Server { child, client: None };
+        server.client = Some(wait_ready(socket, &mut server.child).await);
+        server
+    }
+
     pub fn client(&self) -> Client {
         self.client.clone().expect("connected")
     }

@@ -1,0 +1,190 @@
+//! Test hosts for the tunnel: network namespaces joined by a veth pair (the "cluster network"),
+//! a bubble in each (as the bubble launcher makes them), slirp4netns for the bubble's egress,
+//! and the net-forwarder started through `tunnel-socket`, so its UDP socket is the host's.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{Bubble, Server, spawn, stop, wait_ready};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Two test hosts on one link, 10.253.N.1 and 10.253.N.2 (N unique per test in the process).
+pub struct Hosts {
+    names: [String; 2],
+    subnet: u32,
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+impl Hosts {
+    pub fn pair() -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let subnet = (std::process::id() + n) % 200 + 20;
+        let base = format!("hpknf{}x{n}", std::process::id());
+        let names = [format!("{base}a"), format!("{base}b")];
+        let hosts = Hosts { names, subnet };
+        let (va, vb) = (format!("nf{}x{n}a", std::process::id()), format!("nf{}x{n}b", std::process::id()));
+        for name in &hosts.names {
+            ip(&["netns", "add", name]);
+        }
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        for (i, (name, dev)) in hosts.names.iter().zip([&va, &vb]).enumerate() {
+            ip(&["link", "set", dev, "netns", name]);
+            ip(&["-n", name, "addr", "add", &format!("{}/24", hosts.addr(i)), "dev", dev]);
+            ip(&["-n", name, "link", "set", dev, "up"]);
+            ip(&["-n", name, "link", "set", "lo", "up"]);
+        }
+        hosts
+    }
+
+    /// The host's address on the link.
+    pub fn addr(&self, i: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 253, self.subnet as u8, i as u8 + 1)
+    }
+
+    pub fn netns(&self, i: usize) -> String {
+        format!("/run/netns/{}", self.names[i])
+    }
+
+    /// A UDP port free on host `i` (nothing else runs in a test host's namespace).
+    pub fn free_udp_port(&self, i: usize) -> u16 {
+        let addr = self.addr(i);
+        super::in_netns(&self.netns(i), move || {
+            UdpSocket::bind((addr, 0)).expect("bind").local_addr().expect("addr").port()
+        })
+    }
+
+    /// A bubble whose namespaces are nested in host `i`'s network namespace.
+    pub fn bubble(&self, i: usize) -> Bubble {
+        Bubble::create_with(
+            Command::new("nsenter")
+                .arg(format!("--net={}", self.netns(i)))
+                .args(["--", "unshare", "--user", "--map-root-user", "--net", "--mount", "--", "sleep", "3600"]),
+        )
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // The veth pair goes with the namespaces.
+        for name in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+    }
+}
+
+/// slirp4netns giving a bubble its egress, run from the host's namespace.
+pub struct Slirp {
+    child: Child,
+}
+
+impl Slirp {
+    pub fn start(hosts: &Hosts, host: usize, bubble: &Bubble) -> Slirp {
+        let child = spawn(
+            Command::new("nsenter")
+                .arg(format!("--net={}", hosts.netns(host)))
+                .args(["--", "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
+                .arg(bubble.pid().to_string())
+                .arg("tap0")
+                .stdout(Stdio::null()),
+        );
+        let slirp = Slirp { child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !bubble.routes().iter().any(|r| r.starts_with("default via 10.0.2.2 dev tap0")) {
+            assert!(Instant::now() < deadline, "slirp4netns did not configure tap0: {:?}", bubble.routes());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        slirp
+    }
+}
+
+impl Drop for Slirp {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// How to start a net-forwarder with a tunnel.
+pub struct TunnelServe<'a> {
+    pub hosts: &'a Hosts,
+    pub host: usize,
+    pub pod_cidr: &'a str,
+    pub port: u16,
+    pub key: &'a Path,
+    pub peers: Vec<String>,
+    pub metrics: Option<&'a str>,
+}
+
+impl TunnelServe<'_> {
+    pub fn endpoint(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.hosts.addr(self.host), self.port)
+    }
+}
+
+impl Bubble {
+    /// `hpk-net-forwarder tunnel-socket` in the host's namespace, exec'ing `nsenter` into the
+    /// bubble, exec'ing `serve` with the socket inherited: as the bubble launcher will.
+    pub async fn serve_tunnel(&self, t: &TunnelServe<'_>) -> Server {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", t.hosts.netns(t.host)))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+            .args(["tunnel-socket", "--bind", &t.endpoint().to_string(), "--"])
+            .arg("nsenter")
+            .arg(format!("--target={}", self.pid()))
+            .args(["--user", "--net", "--mount", "--"])
+            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .args(["--pod-cidr", t.pod_cidr, "--mtu", "1500"])
+            .arg("--tunnel-key-file")
+            .arg(t.key);
+        for peer in &t.peers {
+            cmd.args(["--peer", peer]);
+        }
+        if let Some(m) = t.metrics {
+            cmd.args(["--metrics-address", m]);
+        }
+        let child = spawn(&mut cmd);
+        let mut server = Server { child, client: None };
+        server.client = Some(wait_ready(&self.socket(), &mut server.child).await);
+        server
+    }
+
+    /// Counters of an interface in the bubble, from its /proc/net/dev: (rx bytes, tx bytes).
+    pub fn interface_bytes(&self, name: &str) -> (u64, u64) {
+        interface_bytes(&PathBuf::from(format!("/proc/{}/net/dev", self.pid())), name)
+    }
+}
+
+/// (rx bytes, tx bytes) of `name` in a /proc/<pid>/net/dev.
+pub fn interface_bytes(dev: &Path, name: &str) -> (u64, u64) {
+    let text = std::fs::read_to_string(dev).expect("net/dev");
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(n, _)| n.trim() == name).map(|(_, rest)| rest.to_owned()))
+        .unwrap_or_else(|| panic!("no {name} in {}", dev.display()));
+    let f: Vec<u64> = line.split_whitespace().map(|v| v.parse().expect("counter")).collect();
+    (f[0], f[8])
+}
+
+/// A key file made by `hpk-net-forwarder gen-key`.
+pub fn gen_key(dir: &Path) -> PathBuf {
+    let path = dir.join("tunnel.key");
+    run(Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder")).arg("gen-key").arg(&path));
+    path
+}
