@@ -15,6 +15,7 @@ mod error;
 pub mod ipam;
 pub mod link;
 pub mod netns;
+pub mod nodes;
 pub mod peers;
 pub mod server;
 pub mod service;
