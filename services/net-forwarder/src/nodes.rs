@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -61,7 +63,8 @@ impl NodeSync {
 
     /// Waits until this node's Node object exists and has a `spec.podCIDR`, for at most
     /// `timeout`. API errors are retried with back-off within that bound; the error on timeout
-    /// says what was missing (the Node, or its pod CIDR) and the last API error seen.
+    /// says what was missing (the Node, or its pod CIDR) and the last API error seen. A pod CIDR
+    /// that does not parse is a configuration error at once.
     pub async fn pod_cidr(&self, timeout: Duration) -> Result<PodCidr> {
         let api: Api<Node> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
@@ -100,6 +103,10 @@ impl NodeSync {
     /// Watches all Nodes until `shutdown` is cancelled. After every change it sends the other
     /// nodes that are valid peers (see [`PeerTable`]) into `tx`, when that list differs from
     /// the last one. API errors and expired watches are retried with kube's back-off.
+    ///
+    /// The Node authorizer lets a node read only its own Node object (AuthorizeNodeWithSelectors,
+    /// stable since Kubernetes 1.34), so the cluster must grant the nodes [`peer_reader_rbac`];
+    /// until it does, the watch logs why it is refused and keeps retrying.
     pub async fn watch_peers(
         &self,
         own_cidr: PodCidr,
@@ -112,11 +119,15 @@ impl NodeSync {
         let mut table = PeerTable::new(&self.node, own_cidr);
         // Nodes listed since the watch (re)started; they replace the table when the list is done.
         let mut relist: Option<BTreeMap<String, Advert>> = None;
+        let mut failing = WatchFailure::default();
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => return,
                 event = events.next() => event,
             };
+            if let Some(Ok(_)) = event {
+                failing.recovered();
+            }
             let changed = match event {
                 None => {
                     warn!("node watch ended");
@@ -134,7 +145,7 @@ impl NodeSync {
                 Some(Ok(watcher::Event::Apply(node))) => table.apply(&node),
                 Some(Ok(watcher::Event::Delete(node))) => table.delete(&node),
                 Some(Err(e)) => {
-                    warn!(error = %e, "node watch failed; retrying");
+                    failing.report(&e);
                     false
                 }
             };
@@ -152,6 +163,84 @@ impl NodeSync {
                 }
             }
         }
+    }
+}
+
+/// The name of the ClusterRole and ClusterRoleBinding of [`peer_reader_rbac`].
+pub const PEER_READER: &str = "hpk:net-forwarder:peer-reader";
+
+/// What the cluster must grant so that each node's net-forwarder can watch the other Nodes:
+/// get, list and watch on Nodes for the group `system:nodes`. (Nodes used to read every Node;
+/// the Node authorizer now allows only their own and leaves the rest to RBAC.) Read only: a
+/// node still changes no Node but its own (NodeRestriction).
+pub fn peer_reader_rbac() -> (ClusterRole, ClusterRoleBinding) {
+    let metadata = ObjectMeta { name: Some(PEER_READER.to_owned()), ..Default::default() };
+    let role = ClusterRole {
+        metadata: metadata.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["nodes".to_owned()]),
+            verbs: ["get", "list", "watch"].map(str::to_owned).to_vec(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_owned(),
+            kind: "ClusterRole".to_owned(),
+            name: PEER_READER.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Group".to_owned(),
+            name: "system:nodes".to_owned(),
+            namespace: None,
+        }]),
+    };
+    (role, binding)
+}
+
+/// The watch's current failure, so that a failure repeated at every back-off is logged once.
+#[derive(Default)]
+struct WatchFailure {
+    last: Option<String>,
+}
+
+impl WatchFailure {
+    fn report(&mut self, e: &watcher::Error) {
+        let text = e.to_string();
+        if self.last.as_deref() == Some(text.as_str()) {
+            debug!(error = %text, "node watch still failing; retrying");
+            return;
+        }
+        if forbidden(e) {
+            warn!(
+                error = %text,
+                hint = "grant the nodes list and watch on Nodes (nodes::peer_reader_rbac)",
+                "node watch refused; retrying"
+            );
+        } else {
+            warn!(error = %text, "node watch failed; retrying");
+        }
+        self.last = Some(text);
+    }
+
+    fn recovered(&mut self) {
+        if self.last.take().is_some() {
+            info!("node watch recovered");
+        }
+    }
+}
+
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 403,
+        watcher::Error::WatchError(status) => status.code == 403,
+        _ => false,
     }
 }
 
@@ -326,7 +415,7 @@ where
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(e)) if !retryable(&e) => return Err(Error::kube(what, e)),
             Ok(Err(e)) => {
-                debug!(error = %e, "{what}: retrying");
+                debug!(action = what, error = %e, "API request failed; retrying");
                 last = Some(e);
             }
             Err(_) => {}
@@ -352,125 +441,5 @@ fn retryable(e: &kube::Error) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(name: &str, cidr: Option<&str>, endpoint: Option<&str>) -> Node {
-        let mut node = Node::default();
-        node.metadata.name = Some(name.into());
-        if let Some(endpoint) = endpoint {
-            node.metadata.annotations = Some([(ENDPOINT_ANNOTATION.to_owned(), endpoint.to_owned())].into());
-        }
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            pod_cidr: cidr.map(str::to_owned),
-            ..Default::default()
-        });
-        node
-    }
-
-    fn own_cidr() -> PodCidr {
-        "10.244.0.0/24".parse().unwrap()
-    }
-
-    #[test]
-    fn a_node_with_cidr_and_endpoint_is_a_peer() {
-        let peer = peer_of(&node("b", Some("10.244.1.0/24"), Some("10.250.0.3:4789")), "a").unwrap();
-        assert_eq!(
-            peer,
-            Some(Peer {
-                node: "b".into(),
-                pod_cidr: "10.244.1.0/24".parse().unwrap(),
-                endpoint: "10.250.0.3:4789".parse().unwrap()
-            })
-        );
-    }
-
-    #[test]
-    fn missing_fields_and_self_are_not_peers_yet() {
-        assert_eq!(peer_of(&node("b", Some("10.244.1.0/24"), None), "a").unwrap(), None);
-        assert_eq!(peer_of(&node("b", None, Some("10.250.0.3:4789")), "a").unwrap(), None);
-        assert_eq!(peer_of(&Node::default(), "a").unwrap(), None);
-        assert_eq!(peer_of(&node("a", Some("10.244.1.0/24"), Some("10.250.0.3:4789")), "a").unwrap(), None);
-    }
-
-    #[test]
-    fn malformed_values_are_errors_that_name_node_and_value() {
-        for bad in ["garbage", "1.2.3.4", "1.2.3.4:0", "[::1]:5"] {
-            let e = peer_of(&node("b", Some("10.244.1.0/24"), Some(bad)), "a").unwrap_err();
-            let msg = e.to_string();
-            assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
-            assert!(msg.contains("Node b") && msg.contains(&format!("{bad:?}")), "{msg}");
-            assert!(msg.contains(ENDPOINT_ANNOTATION), "{msg}");
-        }
-        for bad in ["10.244.1.5/24", "fd00::/64", "x"] {
-            let e = peer_of(&node("b", Some(bad), Some("10.250.0.3:4789")), "a").unwrap_err();
-            assert!(e.to_string().contains("spec.podCIDR"), "{e}");
-        }
-    }
-
-    #[test]
-    fn own_pod_cidr_is_read_from_spec() {
-        assert_eq!(
-            node_pod_cidr(&node("a", Some("10.244.3.0/24"), None)).unwrap().unwrap().to_string(),
-            "10.244.3.0/24"
-        );
-        assert!(node_pod_cidr(&node("a", None, None)).is_none());
-        assert!(node_pod_cidr(&node("a", Some("nonsense"), None)).unwrap().is_err());
-    }
-
-    #[test]
-    fn the_table_counts_each_problem_once_while_it_lasts() {
-        let bad = AtomicU64::new(0);
-        let mut table = PeerTable::new("a", own_cidr());
-        assert!(table.apply(&node("a", Some("10.244.0.0/24"), Some("10.250.0.2:1"))));
-        assert!(table.apply(&node("b", Some("10.244.1.0/24"), Some("10.250.0.3:1"))));
-        assert!(table.apply(&node("c", Some("10.244.2.0/24"), Some("garbage"))));
-        let names = |peers: Vec<Peer>| peers.into_iter().map(|p| p.node).collect::<Vec<_>>();
-        assert_eq!(names(table.peers(&bad)), ["b"]);
-        assert_eq!(names(table.peers(&bad)), ["b"]);
-        assert_eq!(bad.load(Ordering::Relaxed), 1, "the same bad value counts once");
-
-        // An unchanged Node is no change; another bad value is another problem.
-        assert!(!table.apply(&node("c", Some("10.244.2.0/24"), Some("garbage"))));
-        assert!(table.apply(&node("c", Some("10.244.2.0/24"), Some("1.2.3.4:0"))));
-        assert_eq!(names(table.peers(&bad)), ["b"]);
-        assert_eq!(bad.load(Ordering::Relaxed), 2);
-
-        // Fixed, it becomes a peer; a CIDR overlapping this node's is refused and counted.
-        table.apply(&node("c", Some("10.244.2.0/24"), Some("10.250.0.4:1")));
-        table.apply(&node("d", Some("10.244.0.0/16"), Some("10.250.0.5:1")));
-        assert_eq!(names(table.peers(&bad)), ["b", "c"]);
-        assert_eq!(bad.load(Ordering::Relaxed), 3);
-
-        assert!(table.delete(&node("b", None, None)));
-        assert!(!table.delete(&node("b", None, None)));
-        assert_eq!(names(table.peers(&bad)), ["c"]);
-        assert_eq!(bad.load(Ordering::Relaxed), 3);
-    }
-
-    #[test]
-    fn refused_requests_are_not_retried() {
-        let status =
-            |code| kube::Error::Api(Box::new(kube::core::Status::failure("no", "Reason").with_code(code)));
-        for code in [400, 401, 403, 422] {
-            assert!(!retryable(&status(code)), "{code}");
-        }
-        for code in [404, 409, 429, 500, 503] {
-            assert!(retryable(&status(code)), "{code}");
-        }
-    }
-
-    #[test]
-    fn errors_map_to_exit_codes_and_grpc_codes() {
-        let forbidden = Error::kube(
-            "patch",
-            kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden").with_code(403))),
-        );
-        assert_eq!(forbidden.exit_code(), 69);
-        assert!(forbidden.to_string().starts_with("patch: no (403"), "{forbidden}");
-        assert_eq!(tonic::Status::from(forbidden).code(), tonic::Code::PermissionDenied);
-        let gone = Error::Unavailable("Node x not found".into());
-        assert_eq!(gone.exit_code(), 69);
-        assert_eq!(tonic::Status::from(gone).code(), tonic::Code::Unavailable);
-    }
-}
+#[path = "nodes_tests.rs"]
+mod tests;
