@@ -63,6 +63,27 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A kubeconfig file cannot be read or does not describe a usable cluster and user.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A Kubernetes API request failed.
+    #[error("{action}: {}", kube_reason(.source))]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Something this node depends on (the API server, its Node object) was not there in time.
+    #[error("{0}")]
+    Unavailable(String),
     /// Serving gRPC failed.
     #[error(transparent)]
     Rpc(#[from] hpk_rpc::Error),
@@ -80,13 +101,19 @@ impl Error {
         Error::Io { action: action.into(), source }
     }
 
+    pub(crate) fn kube(action: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube { action: action.into(), source }
+    }
+
     /// The process exit code for this error when it ends `serve` (see ARCHITECTURE.md).
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::InvalidArgument(_)
             | Error::Config(_)
             | Error::CorruptState { .. }
-            | Error::State { .. } => 78,
+            | Error::State { .. }
+            | Error::Kubeconfig { .. } => 78,
+            Error::Kube { .. } | Error::Unavailable(_) => 69,
             _ => 1,
         }
     }
@@ -101,7 +128,19 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Exhausted { .. } => tonic::Status::resource_exhausted(msg),
             Error::Config(_) => tonic::Status::failed_precondition(msg),
+            Error::Kube { source: kube::Error::Api(status), .. } if status.code == 403 => {
+                tonic::Status::permission_denied(msg)
+            }
+            Error::Kube { .. } | Error::Unavailable(_) => tonic::Status::unavailable(msg),
             _ => tonic::Status::internal(msg),
         }
+    }
+}
+
+/// The API server's own message for a refused request (kube's `Display` repeats it as `Debug`).
+fn kube_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
+        other => other.to_string(),
     }
 }

@@ -17,6 +17,7 @@ pub mod ipam;
 pub mod link;
 pub mod metrics;
 pub mod netns;
+pub mod nodes;
 pub mod peers;
 pub mod server;
 pub mod service;
