@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::cidr::PodCidr;
+use crate::link::AttachMode;
 
 /// Smallest MTU accepted: IPv4's minimum for a link.
 pub const MIN_MTU: u32 = 576;
@@ -26,4 +27,9 @@ pub struct ServeArgs {
     #[arg(long, env = "HPK_POD_MTU", default_value_t = 1500,
           value_parser = clap::value_parser!(u32).range(MIN_MTU as i64..=MAX_MTU as i64))]
     pub mtu: u32,
+    /// How pods are attached: `veth` (a kernel veth pair, fastest), `tap` (a TAP in the pod and
+    /// one in the bubble with a relay in this process between them, for hosts that refuse a veth
+    /// into the pod), or `auto` (veth, and tap once the kernel refuses a veth).
+    #[arg(long, env = "HPK_ATTACH_MODE", value_enum, default_value_t = AttachMode::Auto)]
+    pub attach_mode: AttachMode,
 }

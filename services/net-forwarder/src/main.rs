@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hpk_net_forwarder::config::ServeArgs;
+use hpk_net_forwarder::tap::helper::OpenTapArgs;
 use hpk_rpc::telemetry::LogFormat;
 
 /// The node's pod network: veth pairs from the bubble into each pod, and the pod CIDR's IPAM.
@@ -21,6 +22,9 @@ struct Cli {
 enum Command {
     /// Serve the NetForwarder API on a UNIX socket until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Internal: create a TAP in the network namespace received on stdin, send it back.
+    #[command(hide = true)]
+    OpenTap(OpenTapArgs),
 }
 
 #[tokio::main]
@@ -36,6 +40,7 @@ async fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => hpk_net_forwarder::run(args, shutdown).await,
+        Command::OpenTap(args) => hpk_net_forwarder::tap::helper::serve_open_tap(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,7 +19,7 @@ use crate::service::{Context, Service};
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     let ipam = Ipam::open(&args.state_dir, args.pod_cidr)?;
     enable_forwarding();
-    let context = Arc::new(Context::new(ipam, Netlink::new()?, args.mtu));
+    let context = Arc::new(Context::new(ipam, Netlink::new()?.with_attach_mode(args.attach_mode), args.mtu));
     context.recover().await?;
     let listener = Listener::unix(&args.socket)?;
     info!(socket = %args.socket.display(), pod_cidr = %args.pod_cidr, mtu = args.mtu, "net-forwarder ready");
