@@ -88,7 +88,9 @@ impl<N: Network> Context<N> {
             };
             if let Err(e) = result {
                 warn!(sandbox = %alloc.sandbox_id, error = %e, "cannot re-attach: freeing its address");
-                self.network.detach(&alloc.sandbox_id).await?;
+                if let Err(e) = self.network.detach(&alloc.sandbox_id).await {
+                    warn!(sandbox = %alloc.sandbox_id, error = %e, "cannot remove what is left of it");
+                }
                 ipam.release(&alloc.sandbox_id)?;
             }
         }

@@ -268,7 +268,8 @@ mod tests {
     #[test]
     fn refuses_bad_names() {
         for name in ["", "sixteen-chars-xx", "a/b", "a b"] {
-            let e = Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).expect_err("a bad name");
+            let e =
+                Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).expect_err("a bad name");
             assert!(matches!(e, Error::InvalidArgument(_)), "{name:?}: {e}");
         }
     }

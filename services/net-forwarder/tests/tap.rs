@@ -174,6 +174,25 @@ async fn tap_bad_attach_leaves_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn tap_pod_dying_while_attached_is_detached_cleanly() {
+    let Some(bubble) = bubble() else { return };
+    let server = bubble.serve_with("10.253.0.0/24", TAP).await;
+    let mut client = server.client();
+    let (pod_a, pod_b) = (bubble.pod(), bubble.pod());
+    attach(&mut client, "a", &pod_a).await;
+    let threads = server.threads();
+    let b = attach(&mut client, "b", &pod_b).await;
+    assert!(pod_a.ping(address(&b)));
+    pod_b.kill();
+    // The TAP's descriptor keeps the dead pod's namespace, and the relay, until Detach.
+    detach(&mut client, "b").await;
+    assert_eq!(bubble.forwarder_interfaces().len(), 1, "{:?}", bubble.forwarder_interfaces());
+    settles("the dead pod's relay threads end", || server.threads() <= threads);
+    assert!(pod_a.ping(GATEWAY), "the other pod lost its network");
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn tap_attach_detach_cycles_leave_nothing_behind() {
     let Some(bubble) = bubble() else { return };
     let routes_before = bubble.routes();
