@@ -4,6 +4,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 
 use crate::cidr::PodCidr;
+use crate::link::AttachMode;
 use crate::peers::Peer;
 
 /// Smallest MTU accepted: IPv4's minimum for a link.
@@ -57,6 +58,11 @@ pub struct ServeArgs {
     /// This node's name in Kubernetes.
     #[arg(long, env = "HPK_NODE_NAME")]
     pub node_name: Option<String>,
+    /// How pods are attached: `veth` (a kernel veth pair, fastest), `tap` (a TAP in the pod and
+    /// one in the bubble with a relay in this process between them, for hosts that refuse a veth
+    /// into the pod), or `auto` (veth, and tap once the kernel refuses a veth).
+    #[arg(long, env = "HPK_ATTACH_MODE", value_enum, default_value_t = AttachMode::Auto)]
+    pub attach_mode: AttachMode,
 }
 
 fn parse_peer(text: &str) -> Result<Peer, String> {

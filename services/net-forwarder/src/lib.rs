@@ -7,6 +7,7 @@
 //!
 //! - [`cidr`] the pod CIDR, [`ipam`] the persisted allocations, [`netns`] namespace identity
 //! - [`link`] the veth pairs over rtnetlink, behind the [`link::Network`] trait
+//! - [`tap`] the fallback where veth is refused: TAPs and a relay, [`tuntap`] the devices
 //! - [`service`] the gRPC handlers, [`server::run`] the process, [`stats`] interface counters
 
 pub mod cidr;
@@ -22,6 +23,7 @@ pub mod peers;
 pub mod server;
 pub mod service;
 pub mod stats;
+pub mod tap;
 pub mod tunnel;
 pub mod tuntap;
 

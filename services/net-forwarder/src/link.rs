@@ -7,11 +7,15 @@
 //! route to the pod. Netlink sockets talk to the namespace they were opened in, so the pod side
 //! is configured from a short-lived thread that first enters the pod's namespace; the async
 //! runtime's own threads never change namespace.
+//!
+//! Where the kernel refuses a veth into the pod, the attachment is a pair of TAPs and a relay
+//! instead ([`crate::tap`]), chosen by [`AttachMode`]; both ends are configured the same way.
 
 use std::fs::File;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::TryStreamExt;
 use nix::sched::CloneFlags;
@@ -19,7 +23,10 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use sha2::{Digest, Sha256};
+use tracing::{info, warn};
 
+use crate::stats::Counters;
+use crate::tap::{TAP_PREFIX, Taps, tap_interface};
 use crate::{Error, Result};
 
 /// The pods' default gateway: link-local, on every bubble-side veth.
@@ -37,6 +44,11 @@ pub fn host_interface(sandbox_id: &str) -> String {
     format!("{HOST_PREFIX}{}", &hex::encode(Sha256::digest(sandbox_id))[..11])
 }
 
+/// Every bubble-side interface name a sandbox may own (its veth, its TAP).
+pub fn sandbox_interfaces(sandbox_id: &str) -> [String; 2] {
+    [host_interface(sandbox_id), tap_interface(sandbox_id)]
+}
+
 fn peer_interface(sandbox_id: &str) -> String {
     format!("{PEER_PREFIX}{}", &hex::encode(Sha256::digest(sandbox_id))[..11])
 }
@@ -52,6 +64,18 @@ pub struct AttachSpec {
     pub mtu: u32,
 }
 
+/// How new attachments join a pod to the bubble.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// A kernel veth pair: the fastest, no relay.
+    Veth,
+    /// A TAP in the pod and one in the bubble, with a relay in the net-forwarder between them.
+    Tap,
+    /// veth, and TAP once the kernel refuses a veth into the pod (EPERM, EOPNOTSUPP).
+    #[default]
+    Auto,
+}
+
 /// The operations on the kernel's network configuration the service needs; a trait so the
 /// service logic can be exercised without privileges.
 pub trait Network: Send + Sync + 'static {
@@ -65,11 +89,48 @@ pub trait Network: Send + Sync + 'static {
     fn interfaces(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Removes an interface by name; no error if it is already gone.
     fn remove_interface(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+    /// At start, for a live allocation: makes its attachment work again, given the names of the
+    /// net-forwarder's interfaces present in the bubble.
+    fn restore(
+        &self,
+        spec: &AttachSpec,
+        netns: &File,
+        present: &[String],
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            if present.contains(&host_interface(&spec.sandbox_id)) {
+                return Ok(());
+            }
+            warn!(sandbox = %spec.sandbox_id, "veth missing: re-creating it");
+            self.attach(spec, netns).await
+        }
+    }
+    /// The bubble-side interface of an attached sandbox.
+    fn host_interface(&self, sandbox_id: &str) -> String {
+        host_interface(sandbox_id)
+    }
+    /// Counters kept by a relay, for attachments that have one (the kernel's counters of the
+    /// bubble-side interface are used otherwise).
+    fn relay_counters(&self, _sandbox_id: &str) -> Option<Counters> {
+        None
+    }
 }
 
 /// [`Network`] through rtnetlink, in the namespace the process runs in (the bubble).
 pub struct Netlink {
     handle: Handle,
+    mode: AttachMode,
+    taps: Taps,
+    /// Auto mode: the kernel refused a veth into a pod, so TAPs are used from then on.
+    veth_refused: AtomicBool,
+    /// Auto mode: the choice has been logged.
+    mode_logged: AtomicBool,
+}
+
+/// Why a veth attach failed: the kernel refuses veth into the pod at all, or something else.
+enum VethError {
+    Refused(Error),
+    Failed(Error),
 }
 
 impl Netlink {
@@ -79,7 +140,19 @@ impl Netlink {
         let (connection, handle, _) =
             rtnetlink::new_connection().map_err(|e| Error::io("open a netlink socket", e))?;
         tokio::spawn(connection);
-        Ok(Netlink { handle })
+        Ok(Netlink {
+            handle,
+            mode: AttachMode::default(),
+            taps: Taps::default(),
+            veth_refused: AtomicBool::new(false),
+            mode_logged: AtomicBool::new(false),
+        })
+    }
+
+    /// Sets how new attachments are made (existing ones are restored as they are).
+    pub fn with_attach_mode(mut self, mode: AttachMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>> {
@@ -91,7 +164,8 @@ impl Netlink {
         }
     }
 
-    async fn create(&self, spec: &AttachSpec, netns: &File) -> Result<()> {
+    /// Creates the pair and moves the peer into the pod: the steps the kernel may refuse.
+    async fn create_pair(&self, spec: &AttachSpec, netns: &File) -> Result<(), VethError> {
         let host = host_interface(&spec.sandbox_id);
         let peer = peer_interface(&spec.sandbox_id);
         let h = &self.handle;
@@ -99,39 +173,110 @@ impl Netlink {
             .add(LinkVeth::new(&host, &peer).mtu(spec.mtu).build())
             .execute()
             .await
-            .map_err(|e| Error::netlink(format!("create veth pair {host}/{peer}"), e))?;
-        let peer_index = Self::index_of(h, &peer).await?.ok_or_else(|| missing(&peer))?;
+            .map_err(|e| refused_or_failed(format!("create veth pair {host}/{peer}"), e))?;
+        let peer_index = Self::index_of(h, &peer).await.map_err(VethError::Failed)?;
+        let peer_index = peer_index.ok_or_else(|| VethError::Failed(missing(&peer)))?;
         h.link()
             .set(LinkUnspec::new_with_index(peer_index).setns_by_fd(netns.as_raw_fd()).build())
             .execute()
             .await
-            .map_err(|e| Error::netlink(format!("move {peer} into the pod's namespace"), e))?;
-        let pod = (peer.clone(), spec.address, spec.mtu);
-        in_netns(netns, move |handle| configure_pod(handle, pod)).await?;
-
-        let index = Self::index_of(h, &host).await?.ok_or_else(|| missing(&host))?;
-        h.address()
-            .add(index, IpAddr::V4(GATEWAY), 32)
-            .execute()
-            .await
-            .map_err(|e| Error::netlink(format!("add {GATEWAY}/32 to {host}"), e))?;
-        h.link()
-            .set(LinkUnspec::new_with_index(index).up().build())
-            .execute()
-            .await
-            .map_err(|e| Error::netlink(format!("set {host} up"), e))?;
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(spec.address, 32)
-            .output_interface(index)
-            .scope(RouteScope::Link)
-            .build();
-        h.route()
-            .add(route)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| Error::netlink(format!("add route {}/32 dev {host}", spec.address), e))
+            .map_err(|e| refused_or_failed(format!("move {peer} into the pod's namespace"), e))?;
+        Ok(())
     }
+
+    async fn create(&self, spec: &AttachSpec, netns: &File) -> Result<(), VethError> {
+        self.create_pair(spec, netns).await?;
+        let pod = (peer_interface(&spec.sandbox_id), spec.address, spec.mtu);
+        in_netns(netns, move |handle| configure_pod(handle, pod)).await.map_err(VethError::Failed)?;
+        configure_host(&self.handle, &host_interface(&spec.sandbox_id), spec.address, spec.mtu)
+            .await
+            .map_err(VethError::Failed)
+    }
+
+    async fn attach_veth(&self, spec: &AttachSpec, netns: &File) -> Result<(), VethError> {
+        let result = self.create(spec, netns).await;
+        if result.is_err() {
+            // Deleting one end deletes the pair, wherever the peer is by now.
+            for name in [host_interface(&spec.sandbox_id), peer_interface(&spec.sandbox_id)] {
+                if let Err(e) = self.remove_interface(&name).await {
+                    warn!(interface = %name, error = %e, "cleanup after a failed attach");
+                }
+            }
+        }
+        result
+    }
+
+    async fn attach_auto(&self, spec: &AttachSpec, netns: &File) -> Result<()> {
+        if self.veth_refused.load(Ordering::Relaxed) {
+            return self.taps.attach(&self.handle, spec, netns).await;
+        }
+        match self.attach_veth(spec, netns).await {
+            Ok(()) => {
+                if !self.mode_logged.swap(true, Ordering::Relaxed) {
+                    info!("attach mode auto: veth pairs into the pods work, using them");
+                }
+                Ok(())
+            }
+            Err(VethError::Failed(e)) => Err(e),
+            Err(VethError::Refused(e)) => {
+                if !self.veth_refused.swap(true, Ordering::Relaxed) {
+                    warn!(error = %e, "attach mode auto: the kernel refuses a veth into the pod; \
+                                       using a TAP and a relay (slower) from now on");
+                }
+                self.taps.attach(&self.handle, spec, netns).await
+            }
+        }
+    }
+}
+
+impl VethError {
+    fn into_inner(self) -> Error {
+        match self {
+            VethError::Refused(e) | VethError::Failed(e) => e,
+        }
+    }
+}
+
+fn refused_or_failed(action: String, e: rtnetlink::Error) -> VethError {
+    use nix::errno::Errno;
+    if [Errno::EPERM, Errno::EOPNOTSUPP].iter().any(|&errno| is_errno(&e, errno)) {
+        VethError::Refused(Error::netlink(action, e))
+    } else {
+        VethError::Failed(Error::netlink(action, e))
+    }
+}
+
+/// Bubble side of an attachment, veth or TAP: MTU, the gateway address, up, and the /32 route
+/// to the pod. Idempotent, so a restart can apply it to an interface that has it already.
+pub(crate) async fn configure_host(h: &Handle, name: &str, address: Ipv4Addr, mtu: u32) -> Result<()> {
+    let index = Netlink::index_of(h, name).await?.ok_or_else(|| missing(name))?;
+    h.link()
+        .set(LinkUnspec::new_with_index(index).mtu(mtu).build())
+        .execute()
+        .await
+        .map_err(|e| Error::netlink(format!("set the MTU of {name}"), e))?;
+    match h.address().add(index, IpAddr::V4(GATEWAY), 32).execute().await {
+        Err(e) if !is_errno(&e, nix::errno::Errno::EEXIST) => {
+            return Err(Error::netlink(format!("add {GATEWAY}/32 to {name}"), e));
+        }
+        _ => {}
+    }
+    h.link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(|e| Error::netlink(format!("set {name} up"), e))?;
+    let route = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(address, 32)
+        .output_interface(index)
+        .scope(RouteScope::Link)
+        .build();
+    h.route()
+        .add(route)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| Error::netlink(format!("add route {address}/32 dev {name}"), e))
 }
 
 impl Network for Netlink {
@@ -140,20 +285,40 @@ impl Network for Netlink {
     }
 
     async fn attach(&self, spec: &AttachSpec, netns: &File) -> Result<()> {
-        let result = self.create(spec, netns).await;
-        if result.is_err() {
-            // Deleting one end deletes the pair, wherever the peer is by now.
-            for name in [host_interface(&spec.sandbox_id), peer_interface(&spec.sandbox_id)] {
-                if let Err(e) = self.remove_interface(&name).await {
-                    tracing::warn!(interface = %name, error = %e, "cleanup after a failed attach");
-                }
-            }
+        match self.mode {
+            AttachMode::Veth => self.attach_veth(spec, netns).await.map_err(VethError::into_inner),
+            AttachMode::Tap => self.taps.attach(&self.handle, spec, netns).await,
+            AttachMode::Auto => self.attach_auto(spec, netns).await,
         }
-        result
     }
 
     async fn detach(&self, sandbox_id: &str) -> Result<()> {
-        self.remove_interface(&host_interface(sandbox_id)).await
+        self.taps.detach(sandbox_id).await;
+        for name in sandbox_interfaces(sandbox_id) {
+            self.remove_interface(&name).await?;
+        }
+        Ok(())
+    }
+
+    async fn restore(&self, spec: &AttachSpec, netns: &File, present: &[String]) -> Result<()> {
+        let id = &spec.sandbox_id;
+        if present.contains(&host_interface(id)) {
+            return Ok(());
+        }
+        if present.contains(&tap_interface(id)) {
+            info!(sandbox = %id, "re-opening the TAPs and restarting the relay");
+            return self.taps.attach(&self.handle, spec, netns).await;
+        }
+        warn!(sandbox = %id, "interface missing: re-creating it");
+        self.attach(spec, netns).await
+    }
+
+    fn host_interface(&self, sandbox_id: &str) -> String {
+        if self.taps.contains(sandbox_id) { tap_interface(sandbox_id) } else { host_interface(sandbox_id) }
+    }
+
+    fn relay_counters(&self, sandbox_id: &str) -> Option<Counters> {
+        self.taps.counters(sandbox_id)
     }
 
     async fn interfaces(&self) -> Result<Vec<String>> {
@@ -168,7 +333,7 @@ impl Network for Netlink {
         Ok(links
             .iter()
             .filter_map(link_name)
-            .filter(|n| n.starts_with(HOST_PREFIX) || n.starts_with(PEER_PREFIX))
+            .filter(|n| [HOST_PREFIX, PEER_PREFIX, TAP_PREFIX].iter().any(|p| n.starts_with(p)))
             .collect())
     }
 
@@ -184,7 +349,8 @@ impl Network for Netlink {
 }
 
 /// Inside the pod: rename the peer to eth0, set MTU, bring it and lo up, address and routes.
-async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4Addr, u32)) -> Result<()> {
+/// Idempotent, so a restart can apply it to a pod's TAP that has it already.
+pub(crate) async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4Addr, u32)) -> Result<()> {
     let index = Netlink::index_of(&h, &peer).await?.ok_or_else(|| missing(&peer))?;
     let lo = Netlink::index_of(&h, "lo").await?.ok_or_else(|| missing("lo"))?;
     h.link()
@@ -192,16 +358,21 @@ async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4Addr, u32))
         .execute()
         .await
         .map_err(|e| Error::netlink("set lo up in the pod", e))?;
+    let mut eth0 = LinkUnspec::new_with_index(index).mtu(mtu);
+    if peer != POD_INTERFACE {
+        eth0 = eth0.name(POD_INTERFACE.to_owned());
+    }
     h.link()
-        .set(LinkUnspec::new_with_index(index).name(POD_INTERFACE.to_owned()).mtu(mtu).build())
+        .set(eth0.build())
         .execute()
         .await
         .map_err(|e| Error::netlink(format!("rename {peer} to {POD_INTERFACE} in the pod"), e))?;
-    h.address()
-        .add(index, IpAddr::V4(address), 32)
-        .execute()
-        .await
-        .map_err(|e| Error::netlink(format!("add {address}/32 in the pod"), e))?;
+    match h.address().add(index, IpAddr::V4(address), 32).execute().await {
+        Err(e) if !is_errno(&e, nix::errno::Errno::EEXIST) => {
+            return Err(Error::netlink(format!("add {address}/32 in the pod"), e));
+        }
+        _ => {}
+    }
     h.link()
         .set(LinkUnspec::new_with_index(index).up().build())
         .execute()
@@ -214,16 +385,22 @@ async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4Addr, u32))
         .build();
     h.route()
         .add(to_gateway)
+        .replace()
         .execute()
         .await
         .map_err(|e| Error::netlink("add the gateway route in the pod", e))?;
     let default = RouteMessageBuilder::<Ipv4Addr>::new().gateway(GATEWAY).output_interface(index).build();
-    h.route().add(default).execute().await.map_err(|e| Error::netlink("add the default route in the pod", e))
+    h.route()
+        .add(default)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| Error::netlink("add the default route in the pod", e))
 }
 
 /// Runs `f` with a netlink handle opened inside the namespace `netns`, on a thread of its own
 /// (entering a network namespace is per thread) with a single-threaded runtime.
-async fn in_netns<F, Fut>(netns: &File, f: F) -> Result<()>
+pub(crate) async fn in_netns<F, Fut>(netns: &File, f: F) -> Result<()>
 where
     F: FnOnce(Handle) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>>,

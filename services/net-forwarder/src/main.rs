@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hpk_net_forwarder::config::ServeArgs;
+use hpk_net_forwarder::tap::helper::OpenTapArgs;
 use hpk_rpc::telemetry::LogFormat;
 
 /// The node's pod network: veth pairs from the bubble into each pod, the pod CIDR's IPAM, and
@@ -39,6 +40,9 @@ enum Command {
         /// Where to write it.
         path: PathBuf,
     },
+    /// Internal: create a TAP in the network namespace received on stdin, send it back.
+    #[command(hide = true)]
+    OpenTap(OpenTapArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         }
         Command::GenKey { path } => hpk_net_forwarder::tunnel::keyfile::generate(&path),
         Command::Serve(args) => serve(args),
+        Command::OpenTap(args) => hpk_net_forwarder::tap::helper::serve_open_tap(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -160,6 +160,12 @@ pub fn render(stats: &pb::StatsResponse, attached: usize, free: u32) -> String {
             (r#"{direction="tx",reason="error"}"#.into(), t.tx_dropped_error),
         ],
     );
+    family(
+        "hpk_net_peers_refused_total",
+        "counter",
+        "Other nodes not routed: malformed or overlapping.",
+        vec![(String::new(), t.peers_refused)],
+    );
     let peers = |f: fn(&pb::PeerStats) -> [(&'static str, u64); 2]| {
         t.peers
             .iter()

@@ -2,9 +2,11 @@
 
 use std::net::SocketAddrV4;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hpk_proto::netforwarder::v1::net_forwarder_server::NetForwarderServer;
 use hpk_rpc::{Listener, Services};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -12,6 +14,7 @@ use crate::cidr::PodCidr;
 use crate::config::ServeArgs;
 use crate::ipam::Ipam;
 use crate::link::Netlink;
+use crate::nodes::NodeSync;
 use crate::peers::{self, Peer};
 use crate::service::{Context, Service};
 use crate::tunnel::routes::Routes;
@@ -22,11 +25,27 @@ use crate::{Error, Result};
 /// before the socket is bound, so nothing is served from a state that failed to load.
 /// Attachments outlive the process: pods keep their network while it is restarted.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
-    let cidr = pod_cidr(&args)?;
+    let nodes = match (&args.kubeconfig, &args.node_name) {
+        (Some(kubeconfig), Some(node)) => Some(NodeSync::connect(kubeconfig, node).await?),
+        _ => None,
+    };
+    let cidr = match (args.pod_cidr, &nodes) {
+        (Some(cidr), _) => cidr,
+        (None, Some(nodes)) => {
+            info!(node = nodes.node(), "waiting for the Node's spec.podCIDR");
+            nodes.pod_cidr(NODE_WAIT).await?
+        }
+        (None, None) => return Err(Error::Config("--pod-cidr or --kubeconfig is required".into())),
+    };
     let ipam = Ipam::open(&args.state_dir, cidr)?;
     enable_forwarding();
-    let mut context = Context::new(ipam, Netlink::new()?, args.mtu);
-    if let Some(tunnel) = start_tunnel(&args, cidr).await? {
+    let mut context = Context::new(ipam, Netlink::new()?.with_attach_mode(args.attach_mode), args.mtu);
+    if let Some((tunnel, routes)) = start_tunnel(&args, cidr).await? {
+        if let Some(nodes) = nodes {
+            nodes.publish_endpoint(tunnel.endpoint(), NODE_WAIT).await?;
+            info!(node = nodes.node(), endpoint = %tunnel.endpoint(), "tunnel endpoint published on the Node");
+            follow_nodes(nodes, tunnel.clone(), routes, args.peers.clone(), shutdown.clone());
+        }
         context = context.with_tunnel(tunnel);
     }
     let context = Arc::new(context);
@@ -43,12 +62,12 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     Ok(())
 }
 
-fn pod_cidr(args: &ServeArgs) -> Result<PodCidr> {
-    args.pod_cidr.ok_or_else(|| Error::Config("--pod-cidr is required".into()))
-}
+/// How long to wait for the Node (registered by the kubelet) and its pod CIDR, and for the
+/// endpoint to be published.
+const NODE_WAIT: Duration = Duration::from_secs(120);
 
 /// The tunnel, when a socket was handed over or asked for: the device, its routes, the peers.
-async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<Arc<Tunnel>>> {
+async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tunnel>, Routes)>> {
     let (socket, local) = match (args.tunnel_fd, args.tunnel_listen) {
         (Some(fd), _) => crate::inherit::claim(fd)?,
         (None, Some(addr)) => crate::inherit::bind(addr)?,
@@ -78,8 +97,39 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<Arc<Tunn
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
     routes.ensure_bubble_address(cidr.bubble_address()).await?;
-    apply_peers(&tunnel, &routes, args.peers.clone()).await?;
-    Ok(Some(tunnel))
+    let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
+    tunnel.refused_peers().fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(Some((tunnel, routes)))
+}
+
+/// Routes the other nodes as the Kubernetes API shows them (plus the static `--peer`s), for as
+/// long as the process runs. A failure to program a route is logged and retried at the next
+/// change; the watch itself retries with back-off.
+fn follow_nodes(
+    nodes: NodeSync,
+    tunnel: Arc<Tunnel>,
+    routes: Routes,
+    fixed: Vec<Peer>,
+    shutdown: CancellationToken,
+) {
+    let (tx, mut rx) = watch::channel(Vec::new());
+    let refused = tunnel.refused_peers();
+    let own = tunnel.own_cidr();
+    let stop = shutdown.clone();
+    tokio::spawn(async move { nodes.watch_peers(own, tx, refused, stop).await });
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = rx.changed() => if changed.is_err() { return },
+            }
+            let mut peers = fixed.clone();
+            peers.extend(rx.borrow_and_update().iter().cloned());
+            if let Err(e) = apply_peers(&tunnel, &routes, peers).await {
+                warn!(error = %e, "cannot route the other nodes");
+            }
+        }
+    });
 }
 
 /// Validates a peer list against this node, then routes it: the table first, then the kernel.

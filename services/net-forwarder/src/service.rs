@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::ipam::{Allocation, Ipam};
-use crate::link::{AttachSpec, GATEWAY, Network, POD_INTERFACE, host_interface};
+use crate::link::{AttachSpec, GATEWAY, Network, POD_INTERFACE, sandbox_interfaces};
 use crate::netns::NetnsId;
 use crate::tunnel::Tunnel;
 use crate::{Error, Result};
@@ -51,8 +51,9 @@ impl<N: Network> Context<N> {
             .list()
             .filter(|a| only.is_empty() || a.sandbox_id == only)
             .filter_map(|a| {
-                let name = host_interface(&a.sandbox_id);
-                let c = counters.get(&name)?;
+                let name = self.network.host_interface(&a.sandbox_id);
+                let c =
+                    self.network.relay_counters(&a.sandbox_id).or_else(|| counters.get(&name).copied())?;
                 Some(pb::InterfaceStats {
                     sandbox_id: a.sandbox_id.clone(),
                     interface: name,
@@ -114,8 +115,9 @@ impl<N: Network> Context<N> {
         Ok(())
     }
 
-    /// At start: frees what vanished while the net-forwarder was down, re-creates the veth of
-    /// live sandboxes that lost it, and removes interfaces no allocation owns.
+    /// At start: frees what vanished while the net-forwarder was down, restores the attachments
+    /// of live sandboxes (a lost veth re-created, TAPs re-opened and their relay restarted), and
+    /// removes interfaces no allocation owns.
     pub async fn recover(&self) -> Result<()> {
         let mut ipam = self.ipam.lock().await;
         for gone in ipam.reclaim_vanished()? {
@@ -125,22 +127,21 @@ impl<N: Network> Context<N> {
         let present = self.network.interfaces().await?;
         let live: Vec<Allocation> = ipam.list().cloned().collect();
         for alloc in &live {
-            if present.contains(&host_interface(&alloc.sandbox_id)) {
-                continue;
-            }
-            warn!(sandbox = %alloc.sandbox_id, "veth missing: re-creating it");
             let spec =
                 AttachSpec { sandbox_id: alloc.sandbox_id.clone(), address: alloc.address, mtu: self.mtu };
             let result = match open_netns(&alloc.netns_path) {
-                Ok(netns) => self.network.attach(&spec, &netns).await,
+                Ok(netns) => self.network.restore(&spec, &netns, &present).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = result {
                 warn!(sandbox = %alloc.sandbox_id, error = %e, "cannot re-attach: freeing its address");
+                if let Err(e) = self.network.detach(&alloc.sandbox_id).await {
+                    warn!(sandbox = %alloc.sandbox_id, error = %e, "cannot remove what is left of it");
+                }
                 ipam.release(&alloc.sandbox_id)?;
             }
         }
-        let owned: Vec<String> = ipam.list().map(|a| host_interface(&a.sandbox_id)).collect();
+        let owned: Vec<String> = ipam.list().flat_map(|a| sandbox_interfaces(&a.sandbox_id)).collect();
         for name in present.iter().filter(|n| !owned.contains(n)) {
             info!(interface = %name, "removing an interface no allocation owns");
             self.network.remove_interface(name).await?;
@@ -156,7 +157,7 @@ impl<N: Network> Context<N> {
             gateway: GATEWAY.to_string(),
             mtu: self.mtu,
             pod_interface: POD_INTERFACE.to_owned(),
-            host_interface: host_interface(&a.sandbox_id),
+            host_interface: self.network.host_interface(&a.sandbox_id),
         }
     }
 }
@@ -222,7 +223,7 @@ impl<N: Network> NetForwarder for Service<N> {
             .list()
             .map(|a| pb::Route {
                 destination: format!("{}/32", a.address),
-                interface: host_interface(&a.sandbox_id),
+                interface: self.0.network.host_interface(&a.sandbox_id),
                 sandbox_id: a.sandbox_id.clone(),
                 ..Default::default()
             })

@@ -1,18 +1,26 @@
 //! TUN and TAP devices from `/dev/net/tun`, with virtio-net headers and offloads.
 //!
 //! A device is created in the network namespace of the calling thread and lives as long as its
-//! file descriptor (it is not persistent), so a crashed process leaves no interface behind.
+//! file descriptor, so a crashed process leaves no interface behind, unless it is made
+//! persistent ([`Device::set_persistent`]): then it stays, without carrier, until it is deleted,
+//! and opening the same name again re-attaches to it.
 //! With [`Options::vnet_hdr`] every read and write carries a 10-byte `virtio_net_hdr` first,
 //! which lets the kernel hand over and accept 64 KiB GSO packets with partial checksums instead
 //! of one packet per MTU: the per-packet cost, not the per-byte cost, is what limits a relay.
 //!
-//! This module holds the crate's only `unsafe` code: three ioctls that have no safe wrapper.
+//! A device's descriptor can be passed to another process over a UNIX socket
+//! ([`Device::send`], [`Device::receive`]): that is how a TAP created inside a pod's network
+//! namespace reaches the relay in the bubble.
+//!
+//! This module holds the crate's only `unsafe` code: four ioctls that have no safe wrapper, and
+//! taking ownership of a descriptor received with SCM_RIGHTS.
 
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -28,8 +36,9 @@ const IFF_TUN: libc::c_short = 0x0001;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
-// _IOW('T', 202, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int)
+// _IOW('T', 202, int), _IOW('T', 203, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int)
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 /// Offload flags for TUNSETOFFLOAD: the reader takes partial checksums and TCP GSO packets.
@@ -73,7 +82,8 @@ struct IfReqFlags {
 }
 
 impl Device {
-    /// Creates the device `name` in the calling thread's network namespace.
+    /// Creates the device `name` in the calling thread's network namespace, or attaches to it if
+    /// a persistent device of that name and kind exists.
     pub fn create(name: &str, options: Options) -> Result<Self> {
         if name.is_empty() || name.len() >= IFNAMSIZ || name.contains(['/', ' ', '\0']) {
             return Err(Error::InvalidArgument(format!("interface name {name:?} is not valid")));
@@ -127,6 +137,44 @@ impl Device {
         Ok(())
     }
 
+    /// Keeps the interface after its last descriptor is closed (`true`), or lets it go with the
+    /// last descriptor again (`false`).
+    pub fn set_persistent(&self, persistent: bool) -> Result<()> {
+        // SAFETY: TUNSETPERSIST takes its argument by value; no memory is passed.
+        let rc =
+            unsafe { libc::ioctl(self.file.as_raw_fd(), TUNSETPERSIST, libc::c_ulong::from(persistent)) };
+        self.check(rc, "TUNSETPERSIST")
+    }
+
+    /// Makes reads and writes return `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&self) -> Result<()> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let flags = fcntl(&self.file, FcntlArg::F_GETFL).map_err(|e| self.os_error("F_GETFL", e))?;
+        let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+        fcntl(&self.file, FcntlArg::F_SETFL(flags)).map_err(|e| self.os_error("O_NONBLOCK", e))?;
+        Ok(())
+    }
+
+    fn os_error(&self, what: &str, e: nix::errno::Errno) -> Error {
+        Error::Config(format!("cannot configure {} ({what}): {e}", self.name))
+    }
+
+    /// Sends the descriptor, with the name as the message, over a connected UNIX socket.
+    pub fn send(&self, socket: BorrowedFd<'_>) -> Result<()> {
+        send_fd(socket, self.file.as_fd(), self.name.as_bytes())
+    }
+
+    /// Receives a device sent with [`Device::send`]; `None` when the peer closed the socket
+    /// without sending one.
+    pub fn receive(socket: BorrowedFd<'_>) -> Result<Option<Self>> {
+        let Some((fd, name)) = receive_fd(socket)? else { return Ok(None) };
+        let name = String::from_utf8(name)
+            .ok()
+            .filter(|n| !n.is_empty() && n.len() < IFNAMSIZ)
+            .ok_or_else(|| Error::Config("a TAP descriptor came with a malformed interface name".into()))?;
+        Ok(Some(Device { file: File::from(fd), name }))
+    }
+
     /// The interface's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -141,6 +189,50 @@ impl Device {
     pub fn into_file(self) -> File {
         self.file
     }
+}
+
+impl AsFd for Device {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// Sends `fd`, with `message` (at most 64 bytes, not empty), over a connected UNIX socket with
+/// SCM_RIGHTS.
+pub fn send_fd(socket: BorrowedFd<'_>, fd: BorrowedFd<'_>, message: &[u8]) -> Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    let fds = [fd.as_raw_fd()];
+    sendmsg::<UnixAddr>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(message)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(|e| Error::io("send a descriptor over a UNIX socket", e.into()))?;
+    Ok(())
+}
+
+/// Receives one descriptor and its message sent with [`send_fd`] (close-on-exec); `None` when
+/// the peer closed the socket without sending one.
+pub fn receive_fd(socket: BorrowedFd<'_>) -> Result<Option<(OwnedFd, Vec<u8>)>> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
+    let mut message = [0u8; 64];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut message)];
+    let msg = recvmsg::<UnixAddr>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(|e| Error::io("receive a descriptor over a UNIX socket", e.into()))?;
+    let len = msg.bytes;
+    let mut received: Vec<OwnedFd> = Vec::new();
+    for cmsg in msg.cmsgs().map_err(|e| Error::io("read a control message", e.into()))? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            // SAFETY: SCM_RIGHTS installed these descriptors in this process during the recvmsg
+            // above; nothing else knows them, so each is owned exactly once, here.
+            received.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    // More than one descriptor is a confused peer; the extra ones are closed here.
+    Ok(received.into_iter().next().map(|fd| (fd, message[..len.min(message.len())].to_vec())))
 }
 
 /// Why `/dev/net/tun` cannot be opened, in words a user can act on. Rootless TUN/TAP needs the
@@ -176,17 +268,18 @@ mod tests {
     #[test]
     fn refuses_bad_names() {
         for name in ["", "sixteen-chars-xx", "a/b", "a b"] {
-            let e = Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).unwrap_err();
+            let e =
+                Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).expect_err("a bad name");
             assert!(matches!(e, Error::InvalidArgument(_)), "{name:?}: {e}");
         }
     }
 
     #[test]
     fn explains_a_0600_device() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("tun");
-        std::fs::write(&path, "").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, "").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let e = io::Error::from(io::ErrorKind::PermissionDenied);
         let text = explain_open_error(&path, &e);
         assert!(text.contains("mode 0600") && text.contains("chmod 0666"), "{text}");

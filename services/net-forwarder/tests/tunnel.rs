@@ -122,13 +122,11 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     // The routes: one into the tunnel, with the bubble's own address as source.
     let routes = client_a.routes(pb::RoutesRequest {}).await.expect("routes").into_inner().routes;
     let tunnel_route = routes.iter().find(|r| r.node == "b").expect("a route to node b");
-    assert_eq!(
-        (tunnel_route.destination.as_str(), tunnel_route.interface.as_str()),
-        (CIDR_B, "hpktun0")
-    );
+    assert_eq!((tunnel_route.destination.as_str(), tunnel_route.interface.as_str()), (CIDR_B, "hpktun0"));
     assert!(
-        bubble_a.routes().iter().any(|r| r.starts_with(&format!("{CIDR_B} dev hpktun0"))
-            && r.contains(&format!("src {BUBBLE_A}"))),
+        bubble_a.routes().iter().any(
+            |r| r.starts_with(&format!("{CIDR_B} dev hpktun0")) && r.contains(&format!("src {BUBBLE_A}"))
+        ),
         "{:?}",
         bubble_a.routes()
     );
@@ -301,7 +299,11 @@ fn bad_tunnel_set_ups_fail_clearly() {
     let err = String::from_utf8_lossy(&no_socket.stderr);
     assert!(!no_socket.status.success() && err.contains("no such open descriptor"), "{err}");
 
-    let again = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder")).arg("gen-key").arg(key).output().expect("gen-key");
+    let again = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+        .arg("gen-key")
+        .arg(key)
+        .output()
+        .expect("gen-key");
     assert!(!again.status.success(), "gen-key replaced an existing key");
 }
 
@@ -326,6 +328,7 @@ async fn a_peer_overlapping_this_node_is_not_routed() {
     let routes = server.client().routes(pb::RoutesRequest {}).await.expect("routes").into_inner().routes;
     let nodes: Vec<&str> = routes.iter().map(|r| r.node.as_str()).collect();
     assert_eq!(nodes, ["b"], "{routes:?}");
+    assert_eq!(tunnel_stats(&mut server.client()).await.peers_refused, 1);
     assert!(!bubble.routes().iter().any(|r| r.starts_with("10.244.0.0/16")), "{:?}", bubble.routes());
     // A packet for peer b's pod CIDR goes into the tunnel and is counted for b.
     let mut client = server.client();

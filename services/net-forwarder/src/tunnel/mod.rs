@@ -62,6 +62,8 @@ pub struct Counters {
     pub tx_dropped_error: AtomicU64,
     /// Packets that could not be written to the bubble.
     pub rx_dropped_error: AtomicU64,
+    /// Peers refused: malformed endpoint annotations or pod CIDRs, overlaps, duplicates.
+    pub peers_refused: Arc<AtomicU64>,
 }
 
 /// Counters of one peer.
@@ -175,6 +177,11 @@ impl Tunnel {
         self.routes.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The counter of refused peers, for whoever reads the peers.
+    pub fn refused_peers(&self) -> Arc<AtomicU64> {
+        self.counters.peers_refused.clone()
+    }
+
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
@@ -195,6 +202,7 @@ impl Tunnel {
             tx_dropped_no_route: c.tx_dropped_no_route.load(Relaxed),
             tx_dropped_error: c.tx_dropped_error.load(Relaxed),
             rx_dropped_error: c.rx_dropped_error.load(Relaxed),
+            peers_refused: c.peers_refused.load(Relaxed),
             peers: self
                 .routes()
                 .iter()

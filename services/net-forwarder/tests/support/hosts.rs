@@ -67,11 +67,17 @@ impl Hosts {
 
     /// A bubble whose namespaces are nested in host `i`'s network namespace.
     pub fn bubble(&self, i: usize) -> Bubble {
-        Bubble::create_with(
-            Command::new("nsenter")
-                .arg(format!("--net={}", self.netns(i)))
-                .args(["--", "unshare", "--user", "--map-root-user", "--net", "--mount", "--", "sleep", "3600"]),
-        )
+        Bubble::create_with(Command::new("nsenter").arg(format!("--net={}", self.netns(i))).args([
+            "--",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--net",
+            "--mount",
+            "--",
+            "sleep",
+            "3600",
+        ]))
     }
 }
 

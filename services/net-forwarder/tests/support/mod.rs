@@ -120,6 +120,11 @@ impl Bubble {
 
     /// Starts `hpk-net-forwarder serve` inside the bubble (user, net and mount namespace).
     pub async fn serve(&self, pod_cidr: &str) -> Server {
+        self.serve_with(pod_cidr, &[]).await
+    }
+
+    /// [`Bubble::serve`] with extra flags, e.g. `--attach-mode tap`.
+    pub async fn serve_with(&self, pod_cidr: &str, extra: &[&str]) -> Server {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--target={}", self.pid()))
             .args(["--user", "--net", "--mount", "--"])
@@ -129,7 +134,8 @@ impl Bubble {
             .arg(self.socket())
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
-            .args(["--pod-cidr", pod_cidr, "--mtu", "1500"]);
+            .args(["--pod-cidr", pod_cidr, "--mtu", "1500"])
+            .args(extra);
         let child = spawn(&mut cmd);
         let mut server = Server { child, client: None };
         server.client = Some(wait_ready(&self.socket(), &mut server.child).await);
@@ -158,12 +164,12 @@ impl Bubble {
         pod
     }
 
-    /// Names of the net-forwarder's interfaces (hpkv*, hpkp*) in the bubble.
+    /// Names of the net-forwarder's interfaces (hpkv*, hpkp*, hpkt*) in the bubble.
     pub fn forwarder_interfaces(&self) -> BTreeSet<String> {
         let dev = std::fs::read_to_string(format!("/proc/{}/net/dev", self.pid())).expect("net/dev");
         dev.lines()
             .filter_map(|l| l.split_once(':').map(|(n, _)| n.trim().to_owned()))
-            .filter(|n| n.starts_with("hpkv") || n.starts_with("hpkp"))
+            .filter(|n| ["hpkv", "hpkp", "hpkt"].iter().any(|p| n.starts_with(p)))
             .collect()
     }
 
@@ -230,6 +236,11 @@ impl Server {
         self.child.id()
     }
 
+    /// Threads of the server process.
+    pub fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("task dir").count()
+    }
+
     /// Open file descriptors of the server process.
     pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid())).expect("fd dir").count()
@@ -275,6 +286,22 @@ impl Pod {
             .stdout(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
+    }
+
+    /// Names of the interfaces in the pod's namespace.
+    pub fn interfaces(&self) -> BTreeSet<String> {
+        let dev = std::fs::read_to_string(format!("/proc/{}/net/dev", self.pid())).expect("net/dev");
+        dev.lines().skip(2).filter_map(|l| l.split_once(':').map(|(n, _)| n.trim().to_owned())).collect()
+    }
+
+    /// `ip ARGS` in the pod's network namespace.
+    pub fn ip(&self, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.netns_path()))
+            .args(["--", "ip"])
+            .args(args)
+            .output()
+            .expect("nsenter ip")
     }
 
     /// Kills the pod's process; its network namespace goes with it.
