@@ -330,11 +330,7 @@ impl Network for Netlink {
             .try_collect()
             .await
             .map_err(|e| Error::netlink("list interfaces", e))?;
-        Ok(links
-            .iter()
-            .filter_map(link_name)
-            .filter(|n| [HOST_PREFIX, PEER_PREFIX, TAP_PREFIX].iter().any(|p| n.starts_with(p)))
-            .collect())
+        Ok(links.iter().filter_map(link_name).filter(|n| is_ours(n)).collect())
     }
 
     async fn remove_interface(&self, name: &str) -> Result<()> {
@@ -436,6 +432,15 @@ where
     })
 }
 
+/// A per-sandbox interface name: one of the prefixes and 11 hex digits (so `hpk-tunnel`, the
+/// tunnel's device, is not one).
+fn is_ours(name: &str) -> bool {
+    [HOST_PREFIX, PEER_PREFIX, TAP_PREFIX].iter().any(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|rest| rest.len() == 11 && rest.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+}
+
 fn link_name(link: &LinkMessage) -> Option<String> {
     link.attributes.iter().find_map(|a| match a {
         LinkAttribute::IfName(name) => Some(name.clone()),
@@ -449,4 +454,19 @@ fn is_errno(e: &rtnetlink::Error, errno: nix::errno::Errno) -> bool {
 
 fn missing(name: &str) -> Error {
     Error::Config(format!("interface {name} vanished while it was being configured"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_per_sandbox_names_are_ours() {
+        assert!(
+            is_ours(&host_interface("s")) && is_ours(&peer_interface("s")) && is_ours(&tap_interface("s"))
+        );
+        for other in ["hpk-tunnel", "hpktun0", "hpkv", "hpkvxxxxxxxxxxx", "eth0", "lo", "tap0"] {
+            assert!(!is_ours(other), "{other}");
+        }
+    }
 }

@@ -122,11 +122,13 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     // The routes: one into the tunnel, with the bubble's own address as source.
     let routes = client_a.routes(pb::RoutesRequest {}).await.expect("routes").into_inner().routes;
     let tunnel_route = routes.iter().find(|r| r.node == "b").expect("a route to node b");
-    assert_eq!((tunnel_route.destination.as_str(), tunnel_route.interface.as_str()), (CIDR_B, "hpktun0"));
+    assert_eq!((tunnel_route.destination.as_str(), tunnel_route.interface.as_str()), (CIDR_B, "hpk-tunnel"));
     assert!(
-        bubble_a.routes().iter().any(
-            |r| r.starts_with(&format!("{CIDR_B} dev hpktun0")) && r.contains(&format!("src {BUBBLE_A}"))
-        ),
+        bubble_a
+            .routes()
+            .iter()
+            .any(|r| r.starts_with(&format!("{CIDR_B} dev hpk-tunnel"))
+                && r.contains(&format!("src {BUBBLE_A}"))),
         "{:?}",
         bubble_a.routes()
     );
@@ -241,21 +243,43 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     server_b.stop();
 }
 
+/// Runs `cmd`, which must exit by itself within 20 s (it is killed otherwise).
+fn output_within(cmd: &mut Command) -> std::process::Output {
+    let child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("{cmd:?} did not exit within 20 s: it was expected to fail at start");
+        }
+    }
+}
+
 /// Starts `serve` with a tunnel in a fresh bubble and returns its exit code and stderr.
 fn serve_fails(args: &[&str]) -> (i32, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--net", "--mount", "--"])
-        .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .arg("serve")
-        .arg("--socket")
-        .arg(dir.path().join("run/nf.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(["--pod-cidr", CIDR_A, "--tunnel-listen", "127.0.0.1:0"])
-        .args(args)
-        .output()
-        .expect("run serve");
+    let out = output_within(
+        Command::new("unshare")
+            .args(["--user", "--map-root-user", "--net", "--mount", "--"])
+            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(dir.path().join("run/nf.sock"))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(["--pod-cidr", CIDR_A, "--tunnel-listen", "127.0.0.1:0"])
+            .args(args),
+    );
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -272,30 +296,47 @@ fn bad_tunnel_set_ups_fail_clearly() {
 
     let open = dir.path().join("open.key");
     std::fs::copy(key, &open).expect("copy");
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
     let (code, err) = serve_fails(&["--tunnel-key-file", open.to_str().expect("utf-8")]);
     assert!(code != 0 && err.contains("mode 0644") && err.contains("chmod 0600"), "{code}: {err}");
 
     let (code, err) = serve_fails(&["--tunnel-key-file", key, "--peer", "b=10.244.2.0/24"]);
     assert!(code != 0 && err.contains("NAME=CIDR@ADDRESS:PORT"), "{code}: {err}");
 
-    let wildcard = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--net", "--mount", "--"])
-        .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .args(["serve", "--socket", "/nonexistent/s", "--state-dir", "/nonexistent/d", "--pod-cidr", CIDR_A])
-        .args(["--tunnel-listen", "0.0.0.0:0", "--tunnel-key-file", key])
-        .output()
-        .expect("run serve");
+    let wildcard = output_within(
+        Command::new("unshare")
+            .args(["--user", "--map-root-user", "--net", "--mount", "--"])
+            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+            .args([
+                "serve",
+                "--socket",
+                "/nonexistent/s",
+                "--state-dir",
+                "/nonexistent/d",
+                "--pod-cidr",
+                CIDR_A,
+            ])
+            .args(["--tunnel-listen", "0.0.0.0:0", "--tunnel-key-file", key]),
+    );
     let err = String::from_utf8_lossy(&wildcard.stderr);
     assert!(!wildcard.status.success() && err.contains("--tunnel-advertise"), "{err}");
 
     let (code, err) = serve_fails(&["--tunnel-key-file", key, "--tunnel-fd", "0"]);
     assert!(code != 0 && err.contains("cannot be used with"), "{code}: {err}");
 
-    let no_socket = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .args(["serve", "--socket", "/nonexistent/s", "--state-dir", "/nonexistent/d", "--pod-cidr", CIDR_A])
-        .args(["--tunnel-fd", "1000", "--tunnel-key-file", key])
-        .output()
-        .expect("run serve");
+    let no_socket = output_within(
+        Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+            .args([
+                "serve",
+                "--socket",
+                "/nonexistent/s",
+                "--state-dir",
+                "/nonexistent/d",
+                "--pod-cidr",
+                CIDR_A,
+            ])
+            .args(["--tunnel-fd", "1000", "--tunnel-key-file", key]),
+    );
     let err = String::from_utf8_lossy(&no_socket.stderr);
     assert!(!no_socket.status.success() && err.contains("no such open descriptor"), "{err}");
 

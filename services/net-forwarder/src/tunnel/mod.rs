@@ -2,7 +2,7 @@
 //! host's network namespace, and two relay threads between them.
 //!
 //! ```text
-//!  pod ─veth─ bubble ──route: peer's pod CIDR dev hpktun0──► TUN ─► [tx thread] seal ─► UDP ─► peer
+//!  pod ─veth─ bubble ──route: peer's pod CIDR dev hpk-tunnel──► TUN ─► [tx thread] seal ─► UDP ─► peer
 //!  pod ◄veth─ bubble ◄── kernel forwards to the pod's /32 ◄── TUN ◄─ [rx thread] open ◄─ UDP ◄─ peer
 //! ```
 //!
@@ -33,7 +33,7 @@ use crate::{Error, Result};
 use wire::{ClusterKey, HEADER_LEN, OVERHEAD, Opener, Refused, Sealer, SenderId, TAG_LEN};
 
 /// The TUN device's name in the bubble.
-pub const DEVICE: &str = "hpktun0";
+pub const DEVICE: &str = "hpk-tunnel";
 /// The largest UDP payload IPv4 can carry.
 const MAX_DATAGRAM: usize = 65_507;
 /// The largest payload (virtio-net header + IP packet) that fits in one datagram.
