@@ -1,8 +1,10 @@
 //! Command-line and environment configuration.
 
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 
 use crate::cidr::PodCidr;
+use crate::peers::Peer;
 
 /// Smallest MTU accepted: IPv4's minimum for a link.
 pub const MIN_MTU: u32 = 576;
@@ -18,12 +20,45 @@ pub struct ServeArgs {
     /// Directory holding the address allocations (allocations.json); created 0700.
     #[arg(long, env = "HPK_NET_FORWARDER_STATE_DIR")]
     pub state_dir: PathBuf,
-    /// The node's pod CIDR, e.g. 10.244.1.0/24 (the Node's spec.podCIDR). Its first host address
-    /// is reserved for the bubble; pods get the others but the broadcast address.
-    #[arg(long, env = "HPK_POD_CIDR")]
-    pub pod_cidr: PodCidr,
+    /// The node's pod CIDR, e.g. 10.244.1.0/24; by default the Node's spec.podCIDR (needs
+    /// --kubeconfig). Its first host address is the bubble's own; pods get the others but the
+    /// broadcast address.
+    #[arg(long, env = "HPK_POD_CIDR", required_unless_present = "kubeconfig")]
+    pub pod_cidr: Option<PodCidr>,
     /// MTU of both ends of every pod's veth pair.
     #[arg(long, env = "HPK_POD_MTU", default_value_t = 1500,
           value_parser = clap::value_parser!(u32).range(MIN_MTU as i64..=MAX_MTU as i64))]
     pub mtu: u32,
+    /// The tunnel's UDP socket, inherited from `hpk-net-forwarder tunnel-socket`, which bound it
+    /// in the host's network namespace before the bubble was entered.
+    #[arg(long, env = "HPK_TUNNEL_FD", conflicts_with = "tunnel_listen")]
+    pub tunnel_fd: Option<i32>,
+    /// Bind the tunnel's UDP socket here, in the net-forwarder's own namespace (for a
+    /// net-forwarder that runs without a bubble).
+    #[arg(long, env = "HPK_TUNNEL_LISTEN")]
+    pub tunnel_listen: Option<SocketAddrV4>,
+    /// The cluster's tunnel key: 64 hexadecimal digits in a file of mode 0600 (`gen-key`).
+    #[arg(long, env = "HPK_TUNNEL_KEY_FILE")]
+    pub tunnel_key_file: Option<PathBuf>,
+    /// The host address the other nodes send to, when the socket is bound to 0.0.0.0.
+    #[arg(long, env = "HPK_TUNNEL_ADVERTISE")]
+    pub tunnel_advertise: Option<Ipv4Addr>,
+    /// A static peer, NAME=CIDR@ADDRESS:PORT (repeatable); the Kubernetes API adds the others.
+    #[arg(long = "peer", value_parser = parse_peer)]
+    pub peers: Vec<Peer>,
+    /// Serve Prometheus metrics over HTTP on this loopback address (inside the bubble, its own
+    /// loopback), e.g. 127.0.0.1:9560.
+    #[arg(long, env = "HPK_METRICS_ADDRESS")]
+    pub metrics_address: Option<SocketAddr>,
+    /// Kubeconfig of the node's identity: the pod CIDR from the Node, the tunnel endpoint
+    /// published on it, the other nodes' routes watched.
+    #[arg(long, env = "HPK_KUBECONFIG", requires = "node_name")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name in Kubernetes.
+    #[arg(long, env = "HPK_NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+fn parse_peer(text: &str) -> Result<Peer, String> {
+    crate::peers::parse_flag(text).map_err(|e| e.to_string())
 }

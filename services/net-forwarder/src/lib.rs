@@ -12,13 +12,16 @@
 pub mod cidr;
 pub mod config;
 mod error;
+pub mod inherit;
 pub mod ipam;
 pub mod link;
+pub mod metrics;
 pub mod netns;
 pub mod peers;
 pub mod server;
 pub mod service;
 pub mod stats;
+pub mod tunnel;
 pub mod tuntap;
 
 pub use error::{Error, Result};

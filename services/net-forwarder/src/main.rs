@@ -1,12 +1,15 @@
 //! `hpk-net-forwarder`: serve the node's pod network.
 
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use hpk_net_forwarder::config::ServeArgs;
 use hpk_rpc::telemetry::LogFormat;
 
-/// The node's pod network: veth pairs from the bubble into each pod, and the pod CIDR's IPAM.
+/// The node's pod network: veth pairs from the bubble into each pod, the pod CIDR's IPAM, and
+/// the authenticated tunnel to the other nodes.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -21,21 +24,33 @@ struct Cli {
 enum Command {
     /// Serve the NetForwarder API on a UNIX socket until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Bind the tunnel's UDP socket in this (the host's) network namespace, then run COMMAND
+    /// (the one that enters the bubble and serves) with it open; HPK_TUNNEL_FD says which fd.
+    TunnelSocket {
+        /// Address and port to bind; port 0 picks a free one.
+        #[arg(long)]
+        bind: SocketAddrV4,
+        /// The command to run, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Write a new cluster tunnel key (mode 0600) to PATH; an existing file is never replaced.
+    GenKey {
+        /// Where to write it.
+        path: PathBuf,
+    },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     hpk_rpc::telemetry::init(cli.log_format);
-    let shutdown = match hpk_rpc::shutdown::on_signal() {
-        Ok(token) => token,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install signal handlers");
-            return ExitCode::FAILURE;
-        }
-    };
+    // Before any thread exists: the socket is bound and the process replaced.
     let result = match cli.command {
-        Command::Serve(args) => hpk_net_forwarder::run(args, shutdown).await,
+        Command::TunnelSocket { bind, command } => {
+            Err(hpk_net_forwarder::inherit::exec_with_socket(bind, &command))
+        }
+        Command::GenKey { path } => hpk_net_forwarder::tunnel::keyfile::generate(&path),
+        Command::Serve(args) => serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -45,4 +60,16 @@ async fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+fn serve(args: ServeArgs) -> hpk_net_forwarder::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| hpk_net_forwarder::Error::Config(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        let shutdown = hpk_rpc::shutdown::on_signal()
+            .map_err(|e| hpk_net_forwarder::Error::Config(format!("cannot install signal handlers: {e}")))?;
+        hpk_net_forwarder::run(args, shutdown).await
+    })
 }

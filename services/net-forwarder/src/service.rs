@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::ipam::{Allocation, Ipam};
 use crate::link::{AttachSpec, GATEWAY, Network, POD_INTERFACE, host_interface};
 use crate::netns::NetnsId;
+use crate::tunnel::Tunnel;
 use crate::{Error, Result};
 
 /// Longest sandbox id accepted (CRI ids are 64 hex digits).
@@ -24,12 +25,57 @@ pub struct Context<N> {
     ipam: Mutex<Ipam>,
     network: N,
     mtu: u32,
+    tunnel: Option<Arc<Tunnel>>,
 }
 
 impl<N: Network> Context<N> {
     /// A context over loaded allocations.
     pub fn new(ipam: Ipam, network: N, mtu: u32) -> Self {
-        Context { ipam: Mutex::new(ipam), network, mtu }
+        Context { ipam: Mutex::new(ipam), network, mtu, tunnel: None }
+    }
+
+    /// Reports and routes the tunnel to other nodes too.
+    pub fn with_tunnel(mut self, tunnel: Arc<Tunnel>) -> Self {
+        self.tunnel = Some(tunnel);
+        self
+    }
+
+    /// Counters of the attachments (or of one sandbox) and of the tunnel.
+    pub async fn stats(&self, only: &str) -> Result<pb::StatsResponse> {
+        let ipam = self.ipam.lock().await;
+        if !only.is_empty() && ipam.get(only).is_none() {
+            return Err(Error::NotFound(format!("sandbox {only} is not attached")));
+        }
+        let counters = crate::stats::read()?;
+        let interfaces = ipam
+            .list()
+            .filter(|a| only.is_empty() || a.sandbox_id == only)
+            .filter_map(|a| {
+                let name = host_interface(&a.sandbox_id);
+                let c = counters.get(&name)?;
+                Some(pb::InterfaceStats {
+                    sandbox_id: a.sandbox_id.clone(),
+                    interface: name,
+                    rx_bytes: c.rx_bytes,
+                    rx_packets: c.rx_packets,
+                    rx_dropped: c.rx_dropped,
+                    rx_errors: c.rx_errors,
+                    tx_bytes: c.tx_bytes,
+                    tx_packets: c.tx_packets,
+                    tx_dropped: c.tx_dropped,
+                    tx_errors: c.tx_errors,
+                })
+            })
+            .collect();
+        Ok(pb::StatsResponse { interfaces, tunnel: self.tunnel.as_ref().map(|t| t.stats()) })
+    }
+
+    /// Everything the metrics show: the counters, how many sandboxes are attached, how many
+    /// addresses are free.
+    pub async fn snapshot(&self) -> Result<(pb::StatsResponse, usize, u32)> {
+        let stats = self.stats("").await?;
+        let ipam = self.ipam.lock().await;
+        Ok((stats, ipam.list().count(), ipam.free()))
     }
 
     /// Attaches a sandbox; see the contract in netforwarder.proto.
@@ -172,7 +218,7 @@ impl<N: Network> NetForwarder for Service<N> {
 
     async fn routes(&self, _: Request<pb::RoutesRequest>) -> Result<Response<pb::RoutesResponse>, Status> {
         let ipam = self.0.ipam.lock().await;
-        let routes = ipam
+        let mut routes: Vec<pb::Route> = ipam
             .list()
             .map(|a| pb::Route {
                 destination: format!("{}/32", a.address),
@@ -181,36 +227,19 @@ impl<N: Network> NetForwarder for Service<N> {
                 ..Default::default()
             })
             .collect();
+        if let Some(tunnel) = &self.0.tunnel {
+            routes.extend(tunnel.routes().into_iter().map(|r| pb::Route {
+                destination: r.peer.pod_cidr.to_string(),
+                interface: crate::tunnel::DEVICE.to_owned(),
+                node: r.peer.node,
+                endpoint: r.peer.endpoint.to_string(),
+                ..Default::default()
+            }));
+        }
         Ok(Response::new(pb::RoutesResponse { routes }))
     }
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
-        let only = req.into_inner().sandbox_id;
-        let ipam = self.0.ipam.lock().await;
-        if !only.is_empty() && ipam.get(&only).is_none() {
-            return Err(Error::NotFound(format!("sandbox {only} is not attached")).into());
-        }
-        let counters = crate::stats::read()?;
-        let interfaces = ipam
-            .list()
-            .filter(|a| only.is_empty() || a.sandbox_id == only)
-            .filter_map(|a| {
-                let name = host_interface(&a.sandbox_id);
-                let c = counters.get(&name)?;
-                Some(pb::InterfaceStats {
-                    sandbox_id: a.sandbox_id.clone(),
-                    interface: name,
-                    rx_bytes: c.rx_bytes,
-                    rx_packets: c.rx_packets,
-                    rx_dropped: c.rx_dropped,
-                    rx_errors: c.rx_errors,
-                    tx_bytes: c.tx_bytes,
-                    tx_packets: c.tx_packets,
-                    tx_dropped: c.tx_dropped,
-                    tx_errors: c.tx_errors,
-                })
-            })
-            .collect();
-        Ok(Response::new(pb::StatsResponse { interfaces, tunnel: None }))
+        Ok(Response::new(self.0.stats(&req.into_inner().sandbox_id).await?))
     }
 }
