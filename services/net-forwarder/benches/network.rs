@@ -318,11 +318,12 @@ impl Across {
                 continue;
             };
             text += &format!(
-                "\n- host {}: tx {} packets / {} bytes, rx {} / {}; dropped: auth {}, replay {}, malformed {}, \
-                 no route {}, tx errors {}, rx errors {}",
+                "\n- host {}: tx {} packets / {} bytes ({:.0} bytes per packet), rx {} / {}; dropped: auth {}, \
+                 replay {}, malformed {}, no route {}, tx errors {}, rx errors {}",
                 i + 1,
                 t.tx_packets,
                 t.tx_bytes,
+                t.tx_bytes as f64 / t.tx_packets.max(1) as f64,
                 t.rx_packets,
                 t.rx_bytes,
                 t.rx_dropped_auth,
