@@ -87,7 +87,7 @@ fn ratio_cells(rows: &[Row], ratios: &[Ratio], i: usize) -> (String, String) {
                 let verdict = if value >= min { "met" } else { "**missed**" };
                 goal.push(format!("≥ {:.0} %: {verdict}", min * 100.0));
             }
-            None => ratio.push(format!("{value:.1}× #{}", r.base + 1)),
+            None => ratio.push(format!("{value:.2}× #{}", r.base + 1)),
         }
     }
     for r in ratios.iter().filter(|r| r.base == i && r.goal.is_none()) {
