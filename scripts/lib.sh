@@ -28,6 +28,11 @@ stage_summary() {
   printf '%s\n' "${STAGE_TIMES[@]}"
 }
 
+# as_root COMMAND...: runs COMMAND as root, through sudo unless we are root already.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
 # apt_install PKG...: installs the Debian packages that are missing, and only those.
 apt_install() {
   local missing=()
@@ -36,10 +41,8 @@ apt_install() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
-    local sudo=()
-    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
 }
 

@@ -16,11 +16,30 @@ setup_packages() {
   apt_install crun protobuf-compiler
   # critest/run.sh pushes its stand-in images to the local registry with curl.
   apt_install curl
+  # The pod network benchmark (services/net-forwarder/benches/network.rs): iperf3 for
+  # throughput, ping for round trips, slirp4netns for the seed's cross-node path it compares
+  # with. iperf3's package asks whether to run a system-wide server on :5201; answer no, the
+  # benchmark starts its own in test namespaces.
+  echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
+  apt_install iperf3 slirp4netns iputils-ping
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
+  # The same for iperf3, should it have been enabled before.
   if command -v systemctl >/dev/null; then
-    systemctl disable docker-registry >/dev/null 2>&1 || true
-    if [ -d /run/systemd/system ]; then systemctl stop docker-registry || true; fi
+    systemctl disable docker-registry iperf3 >/dev/null 2>&1 || true
+    if [ -d /run/systemd/system ]; then systemctl stop docker-registry iperf3 || true; fi
+  fi
+}
+
+# Rootless TUN/TAP (slirp4netns, the net-forwarder's TAP devices) opens /dev/net/tun as the
+# user; some hosts and container images leave it 0600 root. The kernel still checks the
+# device's owner and CAP_NET_ADMIN in the creating namespace, so 0666 is the usual mode
+# (udev's default). Redone on every run: /dev is rebuilt at boot.
+setup_dev_net_tun() {
+  [ -c /dev/net/tun ] || return 0
+  if [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+    echo "chmod 0666 /dev/net/tun"
+    as_root chmod 0666 /dev/net/tun
   fi
 }
 
@@ -47,6 +66,7 @@ setup_controlplane() {
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   stage "apt packages" setup_packages
+  stage "/dev/net/tun" setup_dev_net_tun
   stage "go tools" setup_tools
   stage "control plane" setup_controlplane
 fi

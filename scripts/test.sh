@@ -17,6 +17,7 @@ shell_scripts() {
 
 trap stage_summary EXIT
 stage "apt packages" setup_packages
+stage "/dev/net/tun" setup_dev_net_tun
 stage "go tools" setup_tools
 stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
