@@ -10,7 +10,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hpk_proto::netforwarder::v1 as pb;
-use support::hosts::{Hosts, Slirp, TunnelServe, gen_key, interface_bytes};
+use support::hosts::{
+    Hosts, Slirp, TunnelServe, assert_unprivileged, gen_key, gen_unprivileged_key, interface_bytes,
+};
 use support::{Client, address, attach, bubble, in_netns, tcp_round_trip};
 
 const CIDR_A: &str = "10.244.1.0/24";
@@ -88,7 +90,7 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     }
     let hosts = Hosts::pair();
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_key(dir.path());
+    let key = gen_unprivileged_key(dir.path());
     let (bubble_a, bubble_b) = (hosts.bubble(0), hosts.bubble(1));
     let _slirp_a = Slirp::start(&hosts, 0, &bubble_a);
     let _slirp_b = Slirp::start(&hosts, 1, &bubble_b);
@@ -113,6 +115,9 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     };
     let server_a = bubble_a.serve_tunnel(&serve_a).await;
     let server_b = bubble_b.serve_tunnel(&serve_b).await;
+    // Rootless, as in production: the relay and its socket belong to an unprivileged user.
+    assert_unprivileged(server_a.pid());
+    assert_unprivileged(server_b.pid());
     let (mut client_a, mut client_b) = (server_a.client(), server_b.client());
     let (pod_a, pod_b) = (bubble_a.pod(), bubble_b.pod());
     let a = attach(&mut client_a, "pod-a", &pod_a).await;

@@ -1,6 +1,10 @@
 //! Test hosts for the tunnel: network namespaces joined by a veth pair (the "cluster network"),
 //! a bubble in each (as the bubble launcher makes them), slirp4netns for the bubble's egress,
 //! and the net-forwarder started through `tunnel-socket`, so its UDP socket is the host's.
+//!
+//! Rootless as in production: the bubble, slirp4netns, `tunnel-socket` and the net-forwarder
+//! run as an unprivileged user ([`UNPRIVILEGED`]); only the test itself is root (to make the
+//! test hosts and to look into the namespaces from outside).
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -11,6 +15,40 @@ use std::time::{Duration, Instant};
 use super::{Bubble, Server, spawn, stop, wait_ready};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// The user the bubbles run as: nobody.
+pub const UNPRIVILEGED: u32 = 65534;
+
+/// `setpriv` arguments that drop to [`UNPRIVILEGED`] before exec'ing the rest.
+fn as_unprivileged() -> Vec<String> {
+    let id = UNPRIVILEGED.to_string();
+    ["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups", "--"].map(String::from).to_vec()
+}
+
+/// Fails unless process `pid` runs as [`UNPRIVILEGED`] (as the host sees it).
+pub fn assert_unprivileged(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or_default();
+    let uids: Vec<&str> = uid.split_whitespace().skip(1).collect();
+    assert!(uids.iter().all(|u| *u == UNPRIVILEGED.to_string()), "process {pid} is not unprivileged: {uid}");
+}
+
+/// Hands `path` to [`UNPRIVILEGED`] (a file the bubble must read or a directory it writes).
+pub fn give_away(path: &Path) {
+    let id = Some(nix::unistd::Uid::from_raw(UNPRIVILEGED));
+    nix::unistd::chown(path, id, Some(nix::unistd::Gid::from_raw(UNPRIVILEGED))).expect("chown");
+}
+
+/// Rootless TUN devices need /dev/net/tun to be 0666 (Debian's default; set-up ensures it).
+pub fn open_up_dev_net_tun() {
+    use std::os::unix::fs::PermissionsExt;
+    let tun = Path::new("/dev/net/tun");
+    let mode = std::fs::metadata(tun).expect("/dev/net/tun").permissions().mode() & 0o777;
+    if mode & 0o666 != 0o666 {
+        std::fs::set_permissions(tun, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod 0666 /dev/net/tun");
+    }
+}
 
 /// Two test hosts on one link, 10.253.N.1 and 10.253.N.2 (N unique per test in the process).
 pub struct Hosts {
@@ -65,19 +103,20 @@ impl Hosts {
         })
     }
 
-    /// A bubble whose namespaces are nested in host `i`'s network namespace.
+    /// A rootless bubble whose namespaces are nested in host `i`'s network namespace; its
+    /// directory belongs to the unprivileged user.
     pub fn bubble(&self, i: usize) -> Bubble {
-        Bubble::create_with(Command::new("nsenter").arg(format!("--net={}", self.netns(i))).args([
-            "--",
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--net",
-            "--mount",
-            "--",
-            "sleep",
-            "3600",
-        ]))
+        open_up_dev_net_tun();
+        let bubble = Bubble::create_with(
+            Command::new("nsenter")
+                .arg(format!("--net={}", self.netns(i)))
+                .arg("--")
+                .args(as_unprivileged())
+                .args(["unshare", "--user", "--map-root-user", "--net", "--mount", "--", "sleep", "3600"]),
+        );
+        give_away(bubble.dir.path());
+        assert_unprivileged(bubble.pid());
+        bubble
     }
 }
 
@@ -100,7 +139,9 @@ impl Slirp {
         let child = spawn(
             Command::new("nsenter")
                 .arg(format!("--net={}", hosts.netns(host)))
-                .args(["--", "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
+                .arg("--")
+                .args(as_unprivileged())
+                .args(["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
                 .arg(bubble.pid().to_string())
                 .arg("tap0")
                 .stdout(Stdio::null()),
@@ -145,11 +186,12 @@ impl Bubble {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", t.hosts.netns(t.host)))
             .arg("--")
+            .args(as_unprivileged())
             .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
             .args(["tunnel-socket", "--bind", &t.endpoint().to_string(), "--"])
             .arg("nsenter")
             .arg(format!("--target={}", self.pid()))
-            .args(["--user", "--net", "--mount", "--"])
+            .args(["--user", "--net", "--mount", "--preserve-credentials", "--"])
             .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
             .arg("serve")
             .arg("--socket")
@@ -192,5 +234,17 @@ pub fn interface_bytes(dev: &Path, name: &str) -> (u64, u64) {
 pub fn gen_key(dir: &Path) -> PathBuf {
     let path = dir.join("tunnel.key");
     run(Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder")).arg("gen-key").arg(&path));
+    path
+}
+
+/// A key file made by `gen-key` run as the unprivileged user; `dir` is handed to that user.
+pub fn gen_unprivileged_key(dir: &Path) -> PathBuf {
+    give_away(dir);
+    let path = dir.join("tunnel.key");
+    run(Command::new(as_unprivileged()[0].clone())
+        .args(&as_unprivileged()[1..])
+        .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+        .arg("gen-key")
+        .arg(&path));
     path
 }

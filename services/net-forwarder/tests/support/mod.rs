@@ -83,10 +83,14 @@ impl Bubble {
     fn create_with(cmd: &mut Command) -> Self {
         let holder = spawn(cmd);
         let bubble = Bubble { holder, dir: tempfile::tempdir().expect("tempdir") };
-        // unshare execs sleep once the namespaces exist; wait for that.
+        // unshare execs sleep once the namespaces exist and its uid map is written; wait for
+        // that (before, an unprivileged bubble's /proc entries are not yet its user's).
         let own = std::fs::read_link("/proc/self/ns/user").expect("own userns");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::read_link(format!("/proc/{}/ns/user", bubble.pid())).ok().as_ref() == Some(&own) {
+        let comm = || std::fs::read_to_string(format!("/proc/{}/comm", bubble.pid())).unwrap_or_default();
+        while std::fs::read_link(format!("/proc/{}/ns/user", bubble.pid())).ok().as_ref() == Some(&own)
+            || comm().trim() != "sleep"
+        {
             assert!(Instant::now() < deadline, "the bubble did not come up");
             std::thread::sleep(Duration::from_millis(10));
         }
