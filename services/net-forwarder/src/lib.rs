@@ -10,6 +10,7 @@
 //! - [`tap`] the fallback where veth is refused: TAPs and a relay, [`tuntap`] the devices
 //! - [`service`] the gRPC handlers, [`server::run`] the process, [`stats`] interface counters
 
+pub mod bubble;
 pub mod cidr;
 pub mod config;
 mod error;

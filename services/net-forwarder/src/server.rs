@@ -39,6 +39,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     };
     let ipam = Ipam::open(&args.state_dir, cidr)?;
     enable_forwarding();
+    crate::bubble::ensure_address(cidr.bubble_address()).await?;
     let mut context = Context::new(ipam, Netlink::new()?.with_attach_mode(args.attach_mode), args.mtu);
     if let Some((tunnel, routes)) = start_tunnel(&args, cidr).await? {
         if let Some(nodes) = nodes {
@@ -96,7 +97,6 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
     let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr)?);
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
-    routes.ensure_bubble_address(cidr.bubble_address()).await?;
     let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
     tunnel.refused_peers().fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(Some((tunnel, routes)))

@@ -52,7 +52,6 @@ fn settles(what: &str, mut f: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread")]
 async fn tap_pods_reach_each_other_and_the_bubble() {
     let Some(bubble) = bubble() else { return };
-    bubble.add_address(BUBBLE_ADDRESS);
     let routes_before = bubble.routes();
     let server = bubble.serve_with("10.253.0.0/24", TAP).await;
     let mut client = server.client();
