@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 
 use crate::{Error, Result};
 
-/// Adds `addr/32` to `lo` in the current network namespace unless it is there.
+/// Brings `lo` up and adds `addr/32` to it (unless it is there) in the current network namespace.
 pub async fn ensure_address(addr: Ipv4Addr) -> Result<()> {
     let (connection, handle, _) =
         rtnetlink::new_connection().map_err(|e| Error::io("open a netlink socket", e))?;
@@ -19,6 +19,12 @@ pub async fn ensure_address(addr: Ipv4Addr) -> Result<()> {
             Ok(Some(link)) => link.header.index,
             _ => return Err(Error::Config("the bubble has no lo".into())),
         };
+        handle
+            .link()
+            .set(rtnetlink::LinkUnspec::new_with_index(lo).up().build())
+            .execute()
+            .await
+            .map_err(|e| Error::netlink("set lo up", e))?;
         // Read the whole dump: a stream dropped half-read leaves netlink answers undelivered.
         let have: Vec<_> = handle
             .address()

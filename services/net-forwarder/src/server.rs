@@ -69,21 +69,22 @@ const NODE_WAIT: Duration = Duration::from_secs(120);
 
 /// The tunnel, when a socket was handed over or asked for: the device, its routes, the peers.
 async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tunnel>, Routes)>> {
-    let (socket, local) = match (args.tunnel_fd, args.tunnel_listen) {
-        (Some(fd), _) => crate::inherit::claim(fd)?,
-        (None, Some(addr)) => crate::inherit::bind(addr)?,
-        (None, None) => {
-            if !args.peers.is_empty() {
-                return Err(Error::Config("--peer needs a tunnel (--tunnel-fd or --tunnel-listen)".into()));
-            }
-            return Ok(None);
+    if args.tunnel_fd.is_none() && args.tunnel_listen.is_none() {
+        if !args.peers.is_empty() {
+            return Err(Error::Config("--peer needs a tunnel (--tunnel-fd or --tunnel-listen)".into()));
         }
-    };
+        return Ok(None);
+    }
     let key_file = args
         .tunnel_key_file
         .as_ref()
         .ok_or_else(|| Error::Config("the tunnel needs the cluster's key: --tunnel-key-file".into()))?;
     let key = keyfile::load(key_file)?;
+    let (socket, local) = match (args.tunnel_fd, args.tunnel_listen) {
+        (Some(fd), _) => crate::inherit::claim(fd)?,
+        (None, Some(addr)) => crate::inherit::bind(addr)?,
+        (None, None) => return Ok(None),
+    };
     let endpoint = match (local.ip().is_unspecified(), args.tunnel_advertise) {
         (_, Some(ip)) => SocketAddrV4::new(ip, local.port()),
         (false, None) => local,
