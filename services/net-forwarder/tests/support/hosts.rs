@@ -162,6 +162,44 @@ impl Drop for Slirp {
     }
 }
 
+/// A bubble whose namespaces are nested in the network namespace at `netns` (a path, e.g. a
+/// harness test host's `/run/netns/<name>`).
+pub fn bubble_in(netns: &str) -> Bubble {
+    Bubble::create_with(Command::new("nsenter").arg(format!("--net={netns}")).args([
+        "--",
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--net",
+        "--mount",
+        "--",
+        "sleep",
+        "3600",
+    ]))
+}
+
+impl Slirp {
+    /// slirp4netns for `bubble`, run in the network namespace at `netns`: the bubble's
+    /// connections leave from that namespace. Returns once the bubble has its default route.
+    pub fn start_in(netns: &str, bubble: &Bubble) -> Slirp {
+        let child = spawn(
+            Command::new("nsenter")
+                .arg(format!("--net={netns}"))
+                .args(["--", "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
+                .arg(bubble.pid().to_string())
+                .arg("tap0")
+                .stdout(Stdio::null()),
+        );
+        let slirp = Slirp { child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !bubble.routes().iter().any(|r| r.starts_with("default via 10.0.2.2 dev tap0")) {
+            assert!(Instant::now() < deadline, "slirp4netns did not configure tap0: {:?}", bubble.routes());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        slirp
+    }
+}
+
 /// How to start a net-forwarder with a tunnel.
 pub struct TunnelServe<'a> {
     pub hosts: &'a Hosts,
