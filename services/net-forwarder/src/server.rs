@@ -93,7 +93,7 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
             )));
         }
     };
-    let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr)?);
+    let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr, args.tunnel_mtu)?);
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
     routes.ensure_bubble_address(cidr.bubble_address()).await?;

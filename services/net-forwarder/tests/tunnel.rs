@@ -180,8 +180,9 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     assert!(text.contains("hpk_net_peer_bytes_total{node=\"b\",direction=\"tx\"}"), "{text}");
     assert!(text.contains("hpk_net_pod_packets_total{sandbox=\"pod-a\""), "{text}");
 
-    // Forged datagrams from another process on host B, to B's tunnel port: garbage, and
-    // well-formed headers with a wrong tag. All dropped and counted; the pod sees nothing.
+    // Forged datagrams from another process on host B, to B's tunnel port: garbage, well-formed
+    // one-chunk messages with a wrong tag, and first chunks of messages that never complete.
+    // All dropped and counted; the pod sees nothing.
     let b_stats = tunnel_stats(&mut client_b).await;
     let pod_b_dev = Path::new(&format!("/proc/{}/net/dev", pod_b.pid())).to_owned();
     let (pod_rx, _) = interface_bytes(&pod_b_dev, "eth0");
@@ -190,9 +191,14 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
         for i in 0..50u8 {
             s.send_to(&[i; 100], target).expect("send garbage");
-            let mut forged = vec![i; 1500];
-            forged[..4].copy_from_slice(b"HK\x01\x01");
+            // Chunk 0 of 1 (message i, stride 1388), then a message header; the tag is wrong.
+            let mut forged = vec![i; 1400];
+            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 0, i, 0, 1, 0x05, 0x6c]);
+            forged[12..16].copy_from_slice(b"HK\x02\x01");
             s.send_to(&forged, target).expect("send forgery");
+            // Chunk 0 of 3 of message 0x300 + i, whose other chunks never come.
+            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 3, i, 0, 3, 0x05, 0x6c]);
+            s.send_to(&forged, target).expect("send a lone chunk");
         }
     });
     eventually("the forged datagrams are counted", || {
@@ -202,6 +208,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
             let now = tunnel_stats(&mut c).await;
             now.rx_dropped_malformed - b_stats.rx_dropped_malformed == 50
                 && now.rx_dropped_auth - b_stats.rx_dropped_auth == 50
+                // The forger's address holds 4 messages in progress; each newer one pushes one out.
+                && now.rx_dropped_incomplete - b_stats.rx_dropped_incomplete == 46
         }
     })
     .await;
