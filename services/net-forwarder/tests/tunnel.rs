@@ -66,6 +66,15 @@ fn bulk(server_ns: &str, server: Ipv4Addr, client_ns: &str, bytes: usize) -> usi
     sink.join().expect("sink")
 }
 
+/// IP fragments the kernel of the namespace `netns` has taken in for reassembly (ReasmReqds).
+fn reassembled_fragments(netns: &str) -> u64 {
+    let snmp = in_netns(netns, || std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp"));
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip:"));
+    let (names, values) = (ip.next().expect("Ip: names"), ip.next().expect("Ip: values"));
+    let at = names.split_whitespace().position(|n| n == "ReasmReqds").expect("ReasmReqds");
+    values.split_whitespace().nth(at).expect("a value").parse().expect("a number")
+}
+
 /// Polls `f` until it holds, for at most 10 s.
 async fn eventually<F, Fut>(what: &str, mut f: F)
 where
@@ -141,13 +150,16 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     let bubble_a_ns = bubble_a.netns_path().display().to_string();
     assert_eq!(tcp_round_trip(&pod_b.netns_path(), ip_b, &bubble_a_ns), "HELLO POD");
 
-    // Bulk traffic: the tunnel carries it, slirp4netns's tap0 does not.
+    // Bulk traffic: the tunnel carries it, slirp4netns's tap0 does not, and in datagrams that
+    // fit the link: host B reassembles no IP fragments.
     let before = tunnel_stats(&mut client_a).await;
+    let fragments = reassembled_fragments(&hosts.netns(1));
     let (slirp_rx, slirp_tx) = bubble_a.interface_bytes("tap0");
     const BULK: usize = 32 << 20;
     assert_eq!(bulk(&pod_b.netns_path(), ip_b, &pod_a.netns_path(), BULK), BULK);
     let after = tunnel_stats(&mut client_a).await;
     let (slirp_rx2, slirp_tx2) = bubble_a.interface_bytes("tap0");
+    assert_eq!(reassembled_fragments(&hosts.netns(1)), fragments, "the tunnel's datagrams were fragmented");
     assert!(after.tx_bytes - before.tx_bytes >= BULK as u64, "{before:?}\n{after:?}");
     assert!(
         slirp_tx2 - slirp_tx < 64 << 10 && slirp_rx2 - slirp_rx < 64 << 10,

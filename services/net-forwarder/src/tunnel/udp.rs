@@ -29,8 +29,8 @@ impl Sender {
 
     /// Sends `message`, whose id is `id`, to `to`: with GSO up to [`Cutter::per_send`] chunks
     /// per `sendmsg`, else one per `sendmsg`. Should the kernel refuse GSO at send time (a
-    /// segment above the route's MTU, IPsec on the route), this and every later message go out
-    /// chunk by chunk, and that is logged once.
+    /// segment above the route's MTU: EMSGSIZE, or EINVAL before Linux 6.x; IPsec on the route:
+    /// EIO), this and every later message go out chunk by chunk, and that is logged once.
     pub fn send(&mut self, message: &[u8], id: u32, to: SocketAddrV4) -> nix::Result<()> {
         let count = self.cutter.count(message.len());
         self.headers.clear();
@@ -43,7 +43,7 @@ impl Sender {
             let end = (first + per_send).min(count);
             match self.send_chunks(message, first..end, &to) {
                 Ok(()) => first = end,
-                Err(e @ (Errno::EINVAL | Errno::EIO)) if end - first > 1 => {
+                Err(e @ (Errno::EINVAL | Errno::EIO | Errno::EMSGSIZE)) if end - first > 1 => {
                     warn!(
                         error = %e,
                         segment = self.cutter.segment(),
