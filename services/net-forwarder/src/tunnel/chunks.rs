@@ -110,9 +110,7 @@ pub struct Cutter {
 impl Cutter {
     /// Chunks that fit one datagram of a link of `mtu` bytes (within [`MTU_RANGE`]).
     pub fn new(mtu: u32) -> Option<Self> {
-        MTU_RANGE
-            .contains(&mtu)
-            .then(|| Cutter { stride: mtu as usize - IP_UDP_HEADERS - CHUNK_HEADER_LEN })
+        MTU_RANGE.contains(&mtu).then(|| Cutter { stride: mtu as usize - IP_UDP_HEADERS - CHUNK_HEADER_LEN })
     }
 
     /// Message bytes in every chunk but the last.
