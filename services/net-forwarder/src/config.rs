@@ -44,6 +44,12 @@ pub struct ServeArgs {
     /// The host address the other nodes send to, when the socket is bound to 0.0.0.0.
     #[arg(long, env = "HPK_TUNNEL_ADVERTISE")]
     pub tunnel_advertise: Option<Ipv4Addr>,
+    /// MTU of the host link the tunnel's datagrams take: each datagram is cut to fit it, so
+    /// that none is IP-fragmented. Above the link's real MTU the kernel refuses UDP GSO sends
+    /// (the tunnel then falls back to one send per datagram, and the IP layer fragments them).
+    #[arg(long, env = "HPK_TUNNEL_MTU", default_value_t = 1500,
+          value_parser = clap::value_parser!(u32).range(MIN_MTU as i64..=MAX_MTU as i64))]
+    pub tunnel_mtu: u32,
     /// A static peer, NAME=CIDR@ADDRESS:PORT (repeatable); the Kubernetes API adds the others.
     #[arg(long = "peer", value_parser = parse_peer)]
     pub peers: Vec<Peer>,

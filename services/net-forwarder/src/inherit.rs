@@ -114,6 +114,25 @@ pub fn bind(addr: SocketAddrV4) -> Result<(UdpSocket, SocketAddrV4)> {
     }
 }
 
+/// What the kernel offers the tunnel socket for cutting and coalescing datagrams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offloads {
+    /// UDP GSO (`UDP_SEGMENT`, Linux 4.18): one send of equal-size segments.
+    pub gso: bool,
+    /// UDP GRO (`UDP_GRO`, Linux 5.0): one receive of coalesced segments.
+    pub gro: bool,
+}
+
+/// Turns on UDP GRO on `socket` and probes for UDP GSO (asked for per send, so the socket's
+/// default segment size stays 0). An option the kernel refuses is reported off, not an error.
+pub fn udp_offloads(socket: &UdpSocket) -> Offloads {
+    use nix::sys::socket::setsockopt;
+    Offloads {
+        gso: setsockopt(socket, sockopt::UdpGsoSegment, &0).is_ok(),
+        gro: setsockopt(socket, sockopt::UdpGroSegment, &true).is_ok(),
+    }
+}
+
 fn tune(socket: &UdpSocket) {
     for (what, result) in [
         ("receive", nix::sys::socket::setsockopt(socket, sockopt::RcvBuf, &BUFFER_BYTES)),
@@ -138,6 +157,17 @@ mod tests {
         assert_eq!(local, SocketAddrV4::new([127, 0, 0, 1].into(), port));
         let flags = fcntl(&socket, FcntlArg::F_GETFD).unwrap();
         assert!(FdFlag::from_bits_truncate(flags).contains(FdFlag::FD_CLOEXEC));
+    }
+
+    #[test]
+    fn this_kernel_offers_udp_offloads() {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // Linux ≥ 5.0 has both; the tests run on newer kernels.
+        assert_eq!(udp_offloads(&s), Offloads { gso: true, gro: true });
+        assert!(getsockopt(&s, sockopt::UdpGroSegment).unwrap());
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let not_udp = UdpSocket::from(OwnedFd::from(tcp));
+        assert_eq!(udp_offloads(&not_udp), Offloads { gso: false, gro: false });
     }
 
     #[test]

@@ -155,6 +155,7 @@ pub fn render(stats: &pb::StatsResponse, attached: usize, free: u32) -> String {
             (r#"{direction="rx",reason="auth"}"#.into(), t.rx_dropped_auth),
             (r#"{direction="rx",reason="replay"}"#.into(), t.rx_dropped_replay),
             (r#"{direction="rx",reason="malformed"}"#.into(), t.rx_dropped_malformed),
+            (r#"{direction="rx",reason="incomplete"}"#.into(), t.rx_dropped_incomplete),
             (r#"{direction="rx",reason="error"}"#.into(), t.rx_dropped_error),
             (r#"{direction="tx",reason="no_route"}"#.into(), t.tx_dropped_no_route),
             (r#"{direction="tx",reason="error"}"#.into(), t.tx_dropped_error),

@@ -95,7 +95,7 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
             )));
         }
     };
-    let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr)?);
+    let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr, args.tunnel_mtu)?);
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
     let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;

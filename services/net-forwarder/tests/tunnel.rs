@@ -68,6 +68,15 @@ fn bulk(server_ns: &str, server: Ipv4Addr, client_ns: &str, bytes: usize) -> usi
     sink.join().expect("sink")
 }
 
+/// IP fragments the kernel of the namespace `netns` has taken in for reassembly (ReasmReqds).
+fn reassembled_fragments(netns: &str) -> u64 {
+    let snmp = in_netns(netns, || std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp"));
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip:"));
+    let (names, values) = (ip.next().expect("Ip: names"), ip.next().expect("Ip: values"));
+    let at = names.split_whitespace().position(|n| n == "ReasmReqds").expect("ReasmReqds");
+    values.split_whitespace().nth(at).expect("a value").parse().expect("a number")
+}
+
 /// Polls `f` until it holds, for at most 10 s.
 async fn eventually<F, Fut>(what: &str, mut f: F)
 where
@@ -146,13 +155,16 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     let bubble_a_ns = bubble_a.netns_path().display().to_string();
     assert_eq!(tcp_round_trip(&pod_b.netns_path(), ip_b, &bubble_a_ns), "HELLO POD");
 
-    // Bulk traffic: the tunnel carries it, slirp4netns's tap0 does not.
+    // Bulk traffic: the tunnel carries it, slirp4netns's tap0 does not, and in datagrams that
+    // fit the link: host B reassembles no IP fragments.
     let before = tunnel_stats(&mut client_a).await;
+    let fragments = reassembled_fragments(&hosts.netns(1));
     let (slirp_rx, slirp_tx) = bubble_a.interface_bytes("tap0");
     const BULK: usize = 32 << 20;
     assert_eq!(bulk(&pod_b.netns_path(), ip_b, &pod_a.netns_path(), BULK), BULK);
     let after = tunnel_stats(&mut client_a).await;
     let (slirp_rx2, slirp_tx2) = bubble_a.interface_bytes("tap0");
+    assert_eq!(reassembled_fragments(&hosts.netns(1)), fragments, "the tunnel's datagrams were fragmented");
     assert!(after.tx_bytes - before.tx_bytes >= BULK as u64, "{before:?}\n{after:?}");
     assert!(
         slirp_tx2 - slirp_tx < 64 << 10 && slirp_rx2 - slirp_rx < 64 << 10,
@@ -185,8 +197,9 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     assert!(text.contains("hpk_net_peer_bytes_total{node=\"b\",direction=\"tx\"}"), "{text}");
     assert!(text.contains("hpk_net_pod_packets_total{sandbox=\"pod-a\""), "{text}");
 
-    // Forged datagrams from another process on host B, to B's tunnel port: garbage, and
-    // well-formed headers with a wrong tag. All dropped and counted; the pod sees nothing.
+    // Forged datagrams from another process on host B, to B's tunnel port: garbage, well-formed
+    // one-chunk messages with a wrong tag, and first chunks of messages that never complete.
+    // All dropped and counted; the pod sees nothing.
     let b_stats = tunnel_stats(&mut client_b).await;
     let pod_b_dev = Path::new(&format!("/proc/{}/net/dev", pod_b.pid())).to_owned();
     let (pod_rx, _) = interface_bytes(&pod_b_dev, "eth0");
@@ -195,9 +208,14 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
         for i in 0..50u8 {
             s.send_to(&[i; 100], target).expect("send garbage");
-            let mut forged = vec![i; 1500];
-            forged[..4].copy_from_slice(b"HK\x01\x01");
+            // Chunk 0 of 1 (message i, stride 1388), then a message header; the tag is wrong.
+            let mut forged = vec![i; 1400];
+            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 0, i, 0, 1, 0x05, 0x6c]);
+            forged[12..16].copy_from_slice(b"HK\x02\x01");
             s.send_to(&forged, target).expect("send forgery");
+            // Chunk 0 of 3 of message 0x300 + i, whose other chunks never come.
+            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 3, i, 0, 3, 0x05, 0x6c]);
+            s.send_to(&forged, target).expect("send a lone chunk");
         }
     });
     eventually("the forged datagrams are counted", || {
@@ -207,6 +225,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
             let now = tunnel_stats(&mut c).await;
             now.rx_dropped_malformed - b_stats.rx_dropped_malformed == 50
                 && now.rx_dropped_auth - b_stats.rx_dropped_auth == 50
+                // The forger's address holds 4 messages in progress; each newer one pushes one out.
+                && now.rx_dropped_incomplete - b_stats.rx_dropped_incomplete == 46
         }
     })
     .await;

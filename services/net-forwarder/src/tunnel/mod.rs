@@ -7,13 +7,22 @@
 //! ```
 //!
 //! The TUN device carries virtio-net headers with TSO and checksum offloads, so the kernel hands
-//! the relay whole 64 KiB GSO packets: one read, one seal and one `sendto` move up to 44 MTU-sized
-//! segments, and the peer's kernel fragments and reassembles the datagram on the wire below.
-//! Everything is authenticated per datagram ([`wire`]); what fails is dropped and counted.
+//! the relay whole 64 KiB GSO packets. Each is sealed into one *message* ([`wire`]), which is cut
+//! into *chunks* that each fit one datagram of the host link's MTU (`--tunnel-mtu`), so that
+//! nothing is IP-fragmented ([`chunks`]). The chunks of a message go out with one `sendmsg` using
+//! UDP GSO (two for the largest messages: one send carries at most 64 KiB), and come in coalesced
+//! by UDP GRO; the receiver puts the message back together and opens it. Kernels without UDP
+//! GSO or GRO get the same datagrams one system call each.
+//!
+//! Everything is authenticated per message; what fails is dropped and counted: chunks of no
+//! known format as malformed, messages that fail authentication as auth drops, replays as
+//! replays, messages whose chunks did not all arrive as incomplete.
 //! Relay threads use blocking I/O and no locks but a read lock on the peer table per packet.
 
+pub mod chunks;
 pub mod keyfile;
 pub mod routes;
+pub mod udp;
 pub mod wire;
 
 use std::io::{Read, Write};
@@ -30,14 +39,13 @@ use crate::cidr::PodCidr;
 use crate::peers::Peer;
 use crate::tuntap::{Device, Kind, Options, VNET_HDR_LEN};
 use crate::{Error, Result};
+use chunks::{Cutter, MAX_MESSAGE, Reassembly};
 use wire::{ClusterKey, HEADER_LEN, OVERHEAD, Opener, Refused, Sealer, SenderId, TAG_LEN};
 
 /// The TUN device's name in the bubble.
 pub const DEVICE: &str = "hpk-tunnel";
-/// The largest UDP payload IPv4 can carry.
-const MAX_DATAGRAM: usize = 65_507;
-/// The largest payload (virtio-net header + IP packet) that fits in one datagram.
-pub const MAX_PAYLOAD: usize = MAX_DATAGRAM - OVERHEAD;
+/// The largest payload (virtio-net header + IP packet) of one message.
+pub const MAX_PAYLOAD: usize = MAX_MESSAGE - OVERHEAD;
 
 /// Counters of the whole tunnel; see `TunnelStats` in netforwarder.proto.
 #[derive(Default, Debug)]
@@ -50,12 +58,14 @@ pub struct Counters {
     pub rx_packets: AtomicU64,
     /// Their bytes.
     pub rx_bytes: AtomicU64,
-    /// Datagrams that failed authentication.
+    /// Messages that failed authentication.
     pub rx_dropped_auth: AtomicU64,
-    /// Authentic datagrams refused as replays.
+    /// Authentic messages refused as replays.
     pub rx_dropped_replay: AtomicU64,
-    /// Datagrams of no known format, or carrying no packet for this node.
+    /// Datagrams of no known format, or messages carrying no packet for this node.
     pub rx_dropped_malformed: AtomicU64,
+    /// Messages dropped before all their chunks arrived.
+    pub rx_dropped_incomplete: AtomicU64,
     /// Packets for an address no peer owns.
     pub tx_dropped_no_route: AtomicU64,
     /// Packets that could not be sent (socket errors, oversize).
@@ -100,8 +110,30 @@ pub struct Tunnel {
 
 impl Tunnel {
     /// Creates the TUN device in the current network namespace (the bubble) and starts relaying
-    /// between it and `socket` ([`routes::Routes::configure_device`] brings it up). `endpoint` is what the peers send to.
-    pub fn start(socket: UdpSocket, endpoint: SocketAddrV4, key: ClusterKey, own: PodCidr) -> Result<Self> {
+    /// between it and `socket` ([`routes::Routes::configure_device`] brings it up). `endpoint` is
+    /// what the peers send to; `link_mtu` the MTU of the host link the datagrams take.
+    pub fn start(
+        socket: UdpSocket,
+        endpoint: SocketAddrV4,
+        key: ClusterKey,
+        own: PodCidr,
+        link_mtu: u32,
+    ) -> Result<Self> {
+        let cutter = Cutter::new(link_mtu).ok_or_else(|| {
+            Error::Config(format!(
+                "--tunnel-mtu {link_mtu}: a link MTU is {} to {}",
+                chunks::MTU_RANGE.start(),
+                chunks::MTU_RANGE.end()
+            ))
+        })?;
+        let offloads = crate::inherit::udp_offloads(&socket);
+        if !offloads.gso || !offloads.gro {
+            warn!(
+                gso = offloads.gso,
+                gro = offloads.gro,
+                "the kernel lacks UDP GSO or GRO; the tunnel sends or receives its datagrams one by one"
+            );
+        }
         let device = Device::create(DEVICE, Options { kind: Kind::Tun, vnet_hdr: true })?;
         let tx_device =
             device.file().try_clone().map_err(|e| Error::io("duplicate the TUN descriptor", e))?;
@@ -118,23 +150,24 @@ impl Tunnel {
         let id = SenderId { incarnation: now_nanos(), salt: random_u64()? };
         let tx = TxRelay {
             device: tx_device,
-            socket: socket.clone(),
+            sender: udp::Sender::new(socket.clone(), cutter, offloads.gso),
             sealer: Sealer::new(&key, id),
             routes: tunnel.routes.clone(),
             counters: tunnel.counters.clone(),
         };
         let rx = RxRelay {
             device: rx_device,
-            socket,
+            receiver: udp::Receiver::new(socket),
             key,
             own,
             openers: Vec::new(),
+            reassembly: Reassembly::new(),
             routes: tunnel.routes.clone(),
             counters: tunnel.counters.clone(),
         };
         spawn("tunnel-tx", move || tx.run())?;
         spawn("tunnel-rx", move || rx.run())?;
-        info!(endpoint = %endpoint, device = DEVICE, "tunnel relaying");
+        info!(endpoint = %endpoint, device = DEVICE, link_mtu, gso = offloads.gso, gro = offloads.gro, "tunnel relaying");
         Ok(tunnel)
     }
 
@@ -199,6 +232,7 @@ impl Tunnel {
             rx_dropped_auth: c.rx_dropped_auth.load(Relaxed),
             rx_dropped_replay: c.rx_dropped_replay.load(Relaxed),
             rx_dropped_malformed: c.rx_dropped_malformed.load(Relaxed),
+            rx_dropped_incomplete: c.rx_dropped_incomplete.load(Relaxed),
             tx_dropped_no_route: c.tx_dropped_no_route.load(Relaxed),
             tx_dropped_error: c.tx_dropped_error.load(Relaxed),
             rx_dropped_error: c.rx_dropped_error.load(Relaxed),
@@ -256,7 +290,7 @@ const DST: usize = 16;
 /// Pods → peers.
 struct TxRelay {
     device: std::fs::File,
-    socket: Arc<UdpSocket>,
+    sender: udp::Sender,
     sealer: Sealer,
     routes: Arc<RwLock<Vec<Route>>>,
     counters: Arc<Counters>,
@@ -296,7 +330,7 @@ impl TxRelay {
             if n > MAX_PAYLOAD {
                 self.counters.tx_dropped_error.fetch_add(1, Relaxed);
                 if !std::mem::replace(&mut warned_oversize, true) {
-                    warn!(bytes = n, max = MAX_PAYLOAD, "a packet too large for one datagram was dropped");
+                    warn!(bytes = n, max = MAX_PAYLOAD, "a packet too large for one message was dropped");
                 }
                 continue;
             }
@@ -309,7 +343,9 @@ impl TxRelay {
                     continue;
                 }
             };
-            match self.socket.send_to(&buf[..len], SocketAddr::V4(endpoint)) {
+            // The message's id: its counter's low 32 bits.
+            let id = self.sealer.counter() as u32;
+            match self.sender.send(&buf[..len], id, endpoint) {
                 Ok(_) => {
                     self.counters.tx_packets.fetch_add(1, Relaxed);
                     self.counters.tx_bytes.fetch_add(ip_bytes, Relaxed);
@@ -327,68 +363,97 @@ impl TxRelay {
 /// Peers → pods.
 struct RxRelay {
     device: std::fs::File,
-    socket: Arc<UdpSocket>,
+    receiver: udp::Receiver,
     key: ClusterKey,
     own: PodCidr,
     /// One per remote address heard from; authentic senders only, so bounded by the cluster.
     openers: Vec<(SocketAddr, Opener)>,
+    reassembly: Reassembly,
     routes: Arc<RwLock<Vec<Route>>>,
     counters: Arc<Counters>,
 }
 
 impl RxRelay {
     fn run(mut self) {
+        // Room for the largest datagram, or the most GRO coalesces into one receive.
         let mut buf = vec![0u8; 65_536];
         loop {
-            let (n, from) = match self.socket.recv_from(&mut buf) {
-                Ok(r) => r,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            let got = match self.receiver.recv(&mut buf) {
+                Ok(got) => got,
+                Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {
                     // ICMP errors of earlier sends surface here (ECONNREFUSED); keep serving.
                     tracing::debug!(error = %e, "tunnel socket receive error");
                     continue;
                 }
             };
-            let range = match self.open(from, &mut buf[..n]) {
-                Ok(range) => range,
-                Err(Refused::Malformed) => {
-                    self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-                    continue;
-                }
-                Err(Refused::Auth) => {
-                    self.counters.rx_dropped_auth.fetch_add(1, Relaxed);
-                    continue;
-                }
-                Err(Refused::Replay) => {
-                    self.counters.rx_dropped_replay.fetch_add(1, Relaxed);
-                    continue;
-                }
-            };
-            let payload = &buf[range];
-            // An authentic packet must still be for a pod of this node.
-            let (Some(src), Some(dst)) = (ipv4_field(payload, SRC), ipv4_field(payload, DST)) else {
-                self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-                continue;
-            };
-            if !self.own.contains(dst) {
-                self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-                continue;
+            for datagram in buf[..got.len].chunks(got.segment) {
+                self.chunk(got.from, datagram);
             }
-            let ip_bytes = (payload.len() - VNET_HDR_LEN) as u64;
-            // A TUN write takes the whole packet or fails; it is never partial.
-            match self.device.write_all(payload) {
-                Ok(()) => {
-                    self.counters.rx_packets.fetch_add(1, Relaxed);
-                    self.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
-                    let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-                    if let Some(r) = routes.iter().find(|r| r.peer.pod_cidr.contains(src)) {
-                        r.counters.rx_packets.fetch_add(1, Relaxed);
-                        r.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
-                    }
+            let incomplete = self.reassembly.take_evicted();
+            if incomplete > 0 {
+                self.counters.rx_dropped_incomplete.fetch_add(incomplete, Relaxed);
+            }
+        }
+    }
+
+    /// One datagram: a chunk, maybe the one that completes its message.
+    fn chunk(&mut self, from: SocketAddr, datagram: &[u8]) {
+        let trusted = self.openers.iter().any(|(a, _)| *a == from);
+        let message = chunks::parse(datagram).and_then(|c| self.reassembly.add(from, trusted, &c));
+        match message {
+            Ok(Some(mut message)) => {
+                self.message(from, &mut message);
+                self.reassembly.recycle(message);
+            }
+            Ok(None) => {}
+            Err(_) => {
+                self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// One whole message: opened, checked and written to the bubble.
+    fn message(&mut self, from: SocketAddr, message: &mut [u8]) {
+        let range = match self.open(from, message) {
+            Ok(range) => range,
+            Err(Refused::Malformed) => {
+                self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
+                return;
+            }
+            Err(Refused::Auth) => {
+                self.counters.rx_dropped_auth.fetch_add(1, Relaxed);
+                return;
+            }
+            Err(Refused::Replay) => {
+                self.counters.rx_dropped_replay.fetch_add(1, Relaxed);
+                return;
+            }
+        };
+        let payload = &message[range];
+        // An authentic packet must still be for a pod of this node.
+        let (Some(src), Some(dst)) = (ipv4_field(payload, SRC), ipv4_field(payload, DST)) else {
+            self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
+            return;
+        };
+        if !self.own.contains(dst) {
+            self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
+            return;
+        }
+        let ip_bytes = (payload.len() - VNET_HDR_LEN) as u64;
+        // A TUN write takes the whole packet or fails; it is never partial.
+        match self.device.write_all(payload) {
+            Ok(()) => {
+                self.counters.rx_packets.fetch_add(1, Relaxed);
+                self.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
+                let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = routes.iter().find(|r| r.peer.pod_cidr.contains(src)) {
+                    r.counters.rx_packets.fetch_add(1, Relaxed);
+                    r.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
                 }
-                Err(_) => {
-                    self.counters.rx_dropped_error.fetch_add(1, Relaxed);
-                }
+            }
+            Err(_) => {
+                self.counters.rx_dropped_error.fetch_add(1, Relaxed);
             }
         }
     }
@@ -434,7 +499,9 @@ mod tests {
     }
 
     #[test]
-    fn largest_payload_fits_one_datagram() {
-        assert_eq!(MAX_PAYLOAD + OVERHEAD, MAX_DATAGRAM);
+    fn the_largest_packet_fits_one_message() {
+        // An IP packet is at most 65535 bytes; the device hands it over behind its vnet header.
+        assert_eq!(MAX_PAYLOAD, VNET_HDR_LEN + 65_535);
+        assert_eq!(MAX_PAYLOAD + OVERHEAD, MAX_MESSAGE);
     }
 }

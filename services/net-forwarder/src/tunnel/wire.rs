@@ -1,17 +1,25 @@
-//! The tunnel's datagram format and its per-packet authentication.
+//! The tunnel's message format and its per-message authentication.
+//!
+//! A *message* carries one packet from the TUN device (a virtio-net header and an IP packet, up
+//! to 64 KiB with GSO), sealed:
 //!
 //! ```text
-//! 0      2        3       4              12         20          28                  n-16     n
-//! | "HK" | ver=1 | type=1 | incarnation | salt     | counter   | vnet hdr + packet | tag    |
+//! 0      2       3        4              12         20          28                  n-16     n
+//! | "HK" | ver=2 | type=1 | incarnation | salt     | counter   | vnet hdr + packet | tag    |
 //! |<---------------------- header, authenticated (AAD) ------->|<-- encrypted --->|
 //! ```
+//!
+//! On the wire a message travels as one or more link-MTU UDP datagrams, *chunks*, each behind a
+//! 12-byte chunk header ([`super::chunks`]); the receiver puts the chunks back together and
+//! opens the message as a whole. Version 1 sent each message as one UDP datagram, which the
+//! kernel IP-fragmented; version 2 peers and version 1 peers do not understand each other.
 //!
 //! Every node of a cluster shares one 32-byte key (a 0600 file). A sender never uses it directly:
 //! at start it picks an *incarnation* (its start time in nanoseconds) and a random *salt*, and
 //! derives its own AES-256-GCM key from the cluster key with HKDF-SHA256 over both. Nonces are
-//! the packet counter, so no (key, nonce) pair repeats even though every node holds the same
+//! the message counter, so no (key, nonce) pair repeats even though every node holds the same
 //! cluster key. The receiver derives the same key from the header, checks the tag (a forged or
-//! corrupted datagram fails here), then the counter against a sliding window of the last
+//! corrupted message fails here), then the counter against a sliding window of the last
 //! [`WINDOW`] counters of that sender, and refuses incarnations older than the newest it has
 //! seen from the same address (replays of a previous run of the peer).
 
@@ -31,8 +39,10 @@ pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
 /// How many counters below the highest one seen are still accepted (reordering tolerance).
 pub const WINDOW: u64 = 1024;
 
-const MAGIC: [u8; 2] = *b"HK";
-const VERSION: u8 = 1;
+/// The first bytes of every datagram and message.
+pub(crate) const MAGIC: [u8; 2] = *b"HK";
+/// The format's version; 2 since messages travel in chunks.
+pub(crate) const VERSION: u8 = 2;
 const TYPE_PACKET: u8 = 1;
 const HKDF_SALT: &[u8] = b"hpk-tunnel-v1";
 
@@ -111,6 +121,11 @@ impl Sealer {
     /// A sender for one run.
     pub fn new(cluster: &ClusterKey, id: SenderId) -> Self {
         Sealer { id, key: cluster.derive(id), counter: 0 }
+    }
+
+    /// The counter of the last message sealed (0 before the first).
+    pub fn counter(&self) -> u64 {
+        self.counter
     }
 
     /// `buf[HEADER_LEN..HEADER_LEN + len]` holds the payload; writes the header before it and

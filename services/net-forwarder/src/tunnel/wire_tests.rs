@@ -48,9 +48,13 @@ fn forged_corrupted_and_foreign_datagrams_fail_authentication() {
 #[test]
 fn garbage_is_malformed() {
     let mut opener = Opener::new(key(1));
-    for mut d in [vec![], vec![0; 10], vec![0xff; 100], b"HK\x02\x01".repeat(20), b"HK\x01\x09".repeat(20)] {
+    for mut d in [vec![], vec![0; 10], vec![0xff; 100], b"HK\x03\x01".repeat(20), b"HK\x02\x09".repeat(20)] {
         assert_eq!(opener.open(&mut d), Err(Refused::Malformed));
     }
+    // A version 1 datagram (one whole message, before chunks) is of no known format either.
+    let mut v1 = datagram(&mut Sealer::new(&key(1), ID), b"old");
+    v1[2] = 1;
+    assert_eq!(opener.open(&mut v1), Err(Refused::Malformed));
 }
 
 #[test]
