@@ -1,7 +1,8 @@
 //! The bubble's side of the tunnel in the kernel: the TUN device up with its MTU and GSO limit,
-//! the bubble's own address, and one route per peer's pod CIDR into the device.
+//! and one route per peer's pod CIDR into the device (from the bubble's own address,
+//! [`crate::bubble`]).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
@@ -48,35 +49,6 @@ impl Routes {
         self.handle.link().set(msg).execute().await.map_err(|e| {
             Error::netlink(format!("set {DEVICE} up (mtu {mtu}, gso_max_size {GSO_MAX_SIZE})"), e)
         })
-    }
-
-    /// Gives the bubble its address on the pod network (the pod CIDR's first host), on `lo`,
-    /// unless it has it: the source of the bubble's own traffic to pods of other nodes.
-    pub async fn ensure_bubble_address(&self, addr: Ipv4Addr) -> Result<()> {
-        let mut links = self.handle.link().get().match_name("lo".to_owned()).execute();
-        let lo = match links.try_next().await {
-            Ok(Some(link)) => link.header.index,
-            _ => return Err(Error::Config("the bubble has no lo".into())),
-        };
-        let have = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(lo)
-            .set_address_filter(IpAddr::V4(addr))
-            .execute()
-            .try_next()
-            .await
-            .map_err(|e| Error::netlink("list lo's addresses", e))?;
-        if have.is_some() {
-            return Ok(());
-        }
-        self.handle
-            .address()
-            .add(lo, IpAddr::V4(addr), 32)
-            .execute()
-            .await
-            .map_err(|e| Error::netlink(format!("add {addr}/32 to lo"), e))
     }
 
     /// Makes the routes into the device exactly one per peer, with `source` as the preferred
