@@ -21,7 +21,9 @@ use hpk_proto::netforwarder::v1 as pb;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use support::hosts::{Slirp, bubble_in, gen_key};
+use support::hosts::{
+    Slirp, as_unprivileged, assert_unprivileged, bubble_in, gen_unprivileged_key, give_away,
+};
 use support::{Bubble, Client, Server, address, attach, bubble, tcp_round_trip};
 
 /// How long any one expected change may take to show.
@@ -130,7 +132,7 @@ impl NodeHost {
         let host = cp.network().host(name).expect("a node host").clone();
         let bubble = bubble_in(&netns_path(&host));
         let slirp = Slirp::start_in(&netns_path(&host), &bubble);
-        let kubeconfig = cp.node_kubeconfig(name).expect("node kubeconfig");
+        let kubeconfig = own_copy(&cp.node_kubeconfig(name).expect("node kubeconfig"), bubble.dir.path());
         let ip = host.ip;
         let port = support::in_netns(&netns_path(&host), move || {
             UdpSocket::bind((ip, 0)).expect("bind").local_addr().expect("addr").port()
@@ -147,9 +149,11 @@ impl NodeHost {
     async fn serve(&mut self, key: &Path) -> Client {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", netns_path(&self.host)))
-            .args(["--", BIN, "tunnel-socket", "--bind", &self.endpoint(), "--", "nsenter"])
+            .arg("--")
+            .args(as_unprivileged())
+            .args([BIN, "tunnel-socket", "--bind", &self.endpoint(), "--", "nsenter"])
             .arg(format!("--target={}", self.bubble.pid()))
-            .args(["--user", "--net", "--mount", "--", BIN, "serve", "--socket"])
+            .args(["--user", "--net", "--mount", "--preserve-credentials", "--", BIN, "serve", "--socket"])
             .arg(self.bubble.socket())
             .arg("--state-dir")
             .arg(self.bubble.dir.path().join("state"))
@@ -159,10 +163,40 @@ impl NodeHost {
             .arg(&self.kubeconfig)
             .args(["--node-name", &self.host.name]);
         let server = Server::start(&mut cmd, &self.bubble.socket()).await;
+        assert_unprivileged(server.pid());
         let client = server.client();
         self.server = Some(server);
         client
     }
+}
+
+/// The node's kubeconfig and the files it names (CA, certificate, key), copied into `dir` for
+/// the unprivileged user the bubble runs as: the harness writes them root's, 0600.
+fn own_copy(kubeconfig: &Path, dir: &Path) -> PathBuf {
+    let creds = dir.join("node-credentials");
+    std::fs::create_dir(&creds).expect("mkdir");
+    let text = std::fs::read_to_string(kubeconfig).expect("read the kubeconfig");
+    let mut out = String::new();
+    for line in text.lines() {
+        let field = ["certificate-authority: ", "client-certificate: ", "client-key: "]
+            .into_iter()
+            .find_map(|f| line.trim_start().strip_prefix(f).map(|path| (f, path)));
+        match field {
+            Some((f, path)) => {
+                let copy = creds.join(Path::new(path).file_name().expect("a file name"));
+                std::fs::copy(path, &copy).expect("copy a credential");
+                give_away(&copy);
+                let indent = &line[..line.len() - line.trim_start().len()];
+                out.push_str(&format!("{indent}{f}{}\n", copy.display()));
+            }
+            None => out.push_str(&format!("{line}\n")),
+        }
+    }
+    let copy = creds.join("kubeconfig");
+    std::fs::write(&copy, out).expect("write the kubeconfig");
+    give_away(&copy);
+    give_away(&creds);
+    copy
 }
 
 /// PIDs of the processes in the network namespace named `netns`, one a line.
@@ -186,7 +220,7 @@ async fn nodes_from_the_api_are_routed_through_the_tunnel() {
     Api::<ClusterRoleBinding>::all(admin_client).create(&params, &binding).await.expect("binding");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_key(dir.path());
+    let key = gen_unprivileged_key(dir.path());
     let (mut a, mut b) = (NodeHost::new(&cp, "a"), NodeHost::new(&cp, "b"));
     register(&a.kubeconfig, "a").await;
     register(&b.kubeconfig, "b").await;

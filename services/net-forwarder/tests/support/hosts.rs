@@ -20,7 +20,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 pub const UNPRIVILEGED: u32 = 65534;
 
 /// `setpriv` arguments that drop to [`UNPRIVILEGED`] before exec'ing the rest.
-fn as_unprivileged() -> Vec<String> {
+pub fn as_unprivileged() -> Vec<String> {
     let id = UNPRIVILEGED.to_string();
     ["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups", "--"].map(String::from).to_vec()
 }
@@ -103,20 +103,9 @@ impl Hosts {
         })
     }
 
-    /// A rootless bubble whose namespaces are nested in host `i`'s network namespace; its
-    /// directory belongs to the unprivileged user.
+    /// A rootless bubble whose namespaces are nested in host `i`'s network namespace.
     pub fn bubble(&self, i: usize) -> Bubble {
-        open_up_dev_net_tun();
-        let bubble = Bubble::create_with(
-            Command::new("nsenter")
-                .arg(format!("--net={}", self.netns(i)))
-                .arg("--")
-                .args(as_unprivileged())
-                .args(["unshare", "--user", "--map-root-user", "--net", "--mount", "--", "sleep", "3600"]),
-        );
-        give_away(bubble.dir.path());
-        assert_unprivileged(bubble.pid());
-        bubble
+        bubble_in(&self.netns(i))
     }
 }
 
@@ -136,23 +125,7 @@ pub struct Slirp {
 
 impl Slirp {
     pub fn start(hosts: &Hosts, host: usize, bubble: &Bubble) -> Slirp {
-        let child = spawn(
-            Command::new("nsenter")
-                .arg(format!("--net={}", hosts.netns(host)))
-                .arg("--")
-                .args(as_unprivileged())
-                .args(["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
-                .arg(bubble.pid().to_string())
-                .arg("tap0")
-                .stdout(Stdio::null()),
-        );
-        let slirp = Slirp { child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !bubble.routes().iter().any(|r| r.starts_with("default via 10.0.2.2 dev tap0")) {
-            assert!(Instant::now() < deadline, "slirp4netns did not configure tap0: {:?}", bubble.routes());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        slirp
+        Slirp::start_in(&hosts.netns(host), bubble)
     }
 }
 
@@ -162,20 +135,26 @@ impl Drop for Slirp {
     }
 }
 
-/// A bubble whose namespaces are nested in the network namespace at `netns` (a path, e.g. a
-/// harness test host's `/run/netns/<name>`).
+/// A rootless bubble (run as [`UNPRIVILEGED`], its directory handed over) whose namespaces are
+/// nested in the network namespace at `netns` (a path, e.g. a harness test host's
+/// `/run/netns/<name>`).
 pub fn bubble_in(netns: &str) -> Bubble {
-    Bubble::create_with(Command::new("nsenter").arg(format!("--net={netns}")).args([
-        "--",
-        "unshare",
-        "--user",
-        "--map-root-user",
-        "--net",
-        "--mount",
-        "--",
-        "sleep",
-        "3600",
-    ]))
+    open_up_dev_net_tun();
+    let bubble = Bubble::create_with(
+        Command::new("nsenter").arg(format!("--net={netns}")).arg("--").args(as_unprivileged()).args([
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--net",
+            "--mount",
+            "--",
+            "sleep",
+            "3600",
+        ]),
+    );
+    give_away(bubble.dir.path());
+    assert_unprivileged(bubble.pid());
+    bubble
 }
 
 impl Slirp {
@@ -185,7 +164,9 @@ impl Slirp {
         let child = spawn(
             Command::new("nsenter")
                 .arg(format!("--net={netns}"))
-                .args(["--", "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
+                .arg("--")
+                .args(as_unprivileged())
+                .args(["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"])
                 .arg(bubble.pid().to_string())
                 .arg("tap0")
                 .stdout(Stdio::null()),
