@@ -6,7 +6,7 @@ mod support;
 use std::net::Ipv4Addr;
 
 use hpk_proto::netforwarder::v1 as pb;
-use support::{address, attach, bubble, detach, list, tcp_round_trip};
+use support::{address, attach, bubble, detach, list};
 use tonic::Code;
 
 /// The first host of the pod CIDR: the net-forwarder puts it on the bubble's `lo`.
@@ -25,13 +25,7 @@ async fn pods_reach_each_other_and_the_bubble() {
     assert_ne!(a.address, b.address);
     assert!(a.address.starts_with("10.252.0.") && a.address.ends_with("/32"), "{}", a.address);
 
-    assert!(pod_a.ping(address(&b)), "pod A cannot ping pod B");
-    assert!(pod_b.ping(address(&a)), "pod B cannot ping pod A");
-    assert_eq!(tcp_round_trip(&pod_b.netns_path(), address(&b), &pod_a.netns_path()), "HELLO POD");
-    assert!(pod_a.ping(BUBBLE_ADDRESS), "pod A cannot ping the bubble");
-    let bubble_ns = bubble.netns_path().display().to_string();
-    assert_eq!(tcp_round_trip(&bubble_ns, BUBBLE_ADDRESS, &pod_a.netns_path()), "HELLO POD");
-    assert_eq!(tcp_round_trip(&pod_a.netns_path(), address(&a), &bubble_ns), "HELLO POD");
+    support::pods_and_bubble_talk(&bubble, BUBBLE_ADDRESS, (&pod_a, &a), (&pod_b, &b));
 
     let stats = client.stats(pb::StatsRequest { sandbox_id: "sandbox-a".into() }).await.expect("stats");
     let stats = stats.into_inner().interfaces;

@@ -63,13 +63,7 @@ async fn tap_pods_reach_each_other_and_the_bubble() {
     assert!(pod_has_tap(&pod_a), "the pod's eth0 is not a TAP");
     assert_eq!(bubble.forwarder_interfaces().len(), 2, "{:?}", bubble.forwarder_interfaces());
 
-    assert!(pod_a.ping(address(&b)), "pod A cannot ping pod B");
-    assert!(pod_b.ping(address(&a)), "pod B cannot ping pod A");
-    assert_eq!(tcp_round_trip(&pod_b.netns_path(), address(&b), &pod_a.netns_path()), "HELLO POD");
-    assert!(pod_a.ping(BUBBLE_ADDRESS), "pod A cannot ping the bubble");
-    let bubble_ns = bubble.netns_path().display().to_string();
-    assert_eq!(tcp_round_trip(&bubble_ns, BUBBLE_ADDRESS, &pod_a.netns_path()), "HELLO POD");
-    assert_eq!(tcp_round_trip(&pod_a.netns_path(), address(&a), &bubble_ns), "HELLO POD");
+    support::pods_and_bubble_talk(&bubble, BUBBLE_ADDRESS, (&pod_a, &a), (&pod_b, &b));
 
     let stats = client.stats(pb::StatsRequest { sandbox_id: "sandbox-a".into() }).await.expect("stats");
     let stats = stats.into_inner().interfaces;

@@ -5,30 +5,18 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hpk_proto::netforwarder::v1 as pb;
-use support::hosts::{Hosts, Slirp, TunnelServe, assert_unprivileged, gen_key, gen_unprivileged_key};
+use support::hosts::{
+    Hosts, Slirp, TunnelServe, assert_unprivileged, gen_key, gen_unprivileged_key, slirp_available,
+};
 use support::{Client, address, attach, bubble, in_netns, tcp_round_trip};
 
 const CIDR_A: &str = "10.244.1.0/24";
 const CIDR_B: &str = "10.244.2.0/24";
 const BUBBLE_A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
-
-/// slirp4netns is needed on top of what every bubble test needs.
-fn slirp_available() -> bool {
-    if Path::new("/usr/bin/slirp4netns").exists() {
-        return true;
-    }
-    let why = "slirp4netns is not installed (scripts/setup.sh installs it)";
-    if std::env::var("HPK_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("prerequisite missing and HPK_REQUIRE_TOOLS=1: {why}");
-    }
-    println!("SKIPPED: {why}");
-    false
-}
 
 async fn tunnel_stats(client: &mut Client) -> pb::TunnelStats {
     let stats = client.stats(pb::StatsRequest::default()).await.expect("stats").into_inner();
@@ -293,22 +281,35 @@ fn output_within(cmd: &mut Command) -> std::process::Output {
     }
 }
 
-/// Starts `serve` with a tunnel in a fresh bubble and returns its exit code and stderr.
-fn serve_fails(args: &[&str]) -> (i32, String) {
+/// Runs `serve` with `args` (after the socket, state and pod CIDR), in a fresh bubble or not,
+/// and returns its exit code and stderr; it must exit by itself.
+fn serve_exits(in_bubble: bool, args: &[&str]) -> (i32, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = output_within(
-        Command::new("unshare")
+    let mut cmd = if in_bubble {
+        let mut unshare = Command::new("unshare");
+        unshare
             .args(["--user", "--map-root-user", "--net", "--mount", "--"])
-            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(dir.path().join("run/nf.sock"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(["--pod-cidr", CIDR_A, "--tunnel-listen", "127.0.0.1:0"])
-            .args(args),
-    );
+            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"));
+        unshare
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+    };
+    cmd.arg("serve")
+        .arg("--socket")
+        .arg(dir.path().join("run/nf.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--pod-cidr", CIDR_A])
+        .args(args);
+    let out = output_within(&mut cmd);
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `serve` with a tunnel on the bubble's loopback and `args`, in a fresh bubble.
+fn serve_fails(args: &[&str]) -> (i32, String) {
+    let mut all = vec!["--tunnel-listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    serve_exits(true, &all)
 }
 
 #[test]
@@ -331,42 +332,14 @@ fn bad_tunnel_set_ups_fail_clearly() {
     let (code, err) = serve_fails(&["--tunnel-key-file", key, "--peer", "b=10.244.2.0/24"]);
     assert!(code != 0 && err.contains("NAME=CIDR@ADDRESS:PORT"), "{code}: {err}");
 
-    let wildcard = output_within(
-        Command::new("unshare")
-            .args(["--user", "--map-root-user", "--net", "--mount", "--"])
-            .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-            .args([
-                "serve",
-                "--socket",
-                "/nonexistent/s",
-                "--state-dir",
-                "/nonexistent/d",
-                "--pod-cidr",
-                CIDR_A,
-            ])
-            .args(["--tunnel-listen", "0.0.0.0:0", "--tunnel-key-file", key]),
-    );
-    let err = String::from_utf8_lossy(&wildcard.stderr);
-    assert!(!wildcard.status.success() && err.contains("--tunnel-advertise"), "{err}");
+    let (code, err) = serve_exits(true, &["--tunnel-listen", "0.0.0.0:0", "--tunnel-key-file", key]);
+    assert!(code != 0 && err.contains("--tunnel-advertise"), "{code}: {err}");
 
     let (code, err) = serve_fails(&["--tunnel-key-file", key, "--tunnel-fd", "0"]);
     assert!(code != 0 && err.contains("cannot be used with"), "{code}: {err}");
 
-    let no_socket = output_within(
-        Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-            .args([
-                "serve",
-                "--socket",
-                "/nonexistent/s",
-                "--state-dir",
-                "/nonexistent/d",
-                "--pod-cidr",
-                CIDR_A,
-            ])
-            .args(["--tunnel-fd", "1000", "--tunnel-key-file", key]),
-    );
-    let err = String::from_utf8_lossy(&no_socket.stderr);
-    assert!(!no_socket.status.success() && err.contains("no such open descriptor"), "{err}");
+    let (code, err) = serve_exits(false, &["--tunnel-fd", "1000", "--tunnel-key-file", key]);
+    assert!(code != 0 && err.contains("no such open descriptor"), "{code}: {err}");
 
     let again = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
         .arg("gen-key")
@@ -381,19 +354,11 @@ async fn a_peer_overlapping_this_node_is_not_routed() {
     let Some(bubble) = bubble() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let key = gen_key(dir.path());
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--target={}", bubble.pid()))
-        .args(["--user", "--net", "--mount", "--"])
-        .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .arg("serve")
-        .arg("--socket")
-        .arg(bubble.socket())
-        .arg("--state-dir")
-        .arg(bubble.dir.path().join("state"))
-        .args(["--pod-cidr", CIDR_A, "--tunnel-listen", "127.0.0.1:0", "--tunnel-key-file"])
-        .arg(&key)
-        .args(["--peer", "self=10.244.0.0/16@127.0.0.1:9", "--peer", &format!("b={CIDR_B}@127.0.0.1:9")]);
-    let server = support::Server::start(&mut cmd, &bubble.socket()).await;
+    let key = key.to_str().expect("utf-8 path");
+    let peer_b = format!("b={CIDR_B}@127.0.0.1:9");
+    let tunnel = ["--tunnel-listen", "127.0.0.1:0", "--tunnel-key-file", key];
+    let peers = ["--peer", "self=10.244.0.0/16@127.0.0.1:9", "--peer", &peer_b];
+    let server = bubble.serve_with(CIDR_A, &[&tunnel[..], &peers[..]].concat()).await;
     let routes = server.client().routes(pb::RoutesRequest {}).await.expect("routes").into_inner().routes;
     let nodes: Vec<&str> = routes.iter().map(|r| r.node.as_str()).collect();
     assert_eq!(nodes, ["b"], "{routes:?}");

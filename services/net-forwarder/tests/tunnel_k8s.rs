@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use support::hosts::{
-    Slirp, as_unprivileged, assert_unprivileged, bubble_in, gen_unprivileged_key, give_away,
+    Slirp, as_unprivileged, assert_unprivileged, bubble_in, gen_unprivileged_key, give_away, slirp_available,
 };
 use support::{Bubble, Client, Server, address, attach, bubble, tcp_round_trip};
 
@@ -30,19 +30,6 @@ use support::{Bubble, Client, Server, address, attach, bubble, tcp_round_trip};
 const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 const BIN: &str = env!("CARGO_BIN_EXE_hpk-net-forwarder");
-
-/// slirp4netns is needed on top of what every bubble test needs.
-fn slirp_available() -> bool {
-    if Path::new("/usr/bin/slirp4netns").exists() {
-        return true;
-    }
-    let why = "slirp4netns is not installed (scripts/setup.sh installs it)";
-    if std::env::var("HPK_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("prerequisite missing and HPK_REQUIRE_TOOLS=1: {why}");
-    }
-    println!("SKIPPED: {why}");
-    false
-}
 
 /// The control plane with node hosts `a` and `b`, or `None` (after printing why) when a
 /// prerequisite is missing.

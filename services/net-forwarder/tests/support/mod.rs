@@ -66,17 +66,13 @@ pub struct Bubble {
     pub dir: tempfile::TempDir,
 }
 
+/// `unshare`'s arguments for a bubble: user (root mapped to the caller), network and mount
+/// namespaces, held by a sleeping process.
+const HOLDER: &[&str] = &["--user", "--map-root-user", "--net", "--mount", "--", "sleep", "3600"];
+
 impl Bubble {
     fn create() -> Self {
-        Self::create_with(Command::new("unshare").args([
-            "--user",
-            "--map-root-user",
-            "--net",
-            "--mount",
-            "--",
-            "sleep",
-            "3600",
-        ]))
+        Self::create_with(Command::new("unshare").args(HOLDER))
     }
 
     /// A bubble from a command that ends by exec'ing `unshare --user … sleep` (same PID).
@@ -127,18 +123,23 @@ impl Bubble {
         self.serve_with(pod_cidr, &[]).await
     }
 
+    /// `serve` and what every test gives it: this bubble's socket and state, the pod CIDR.
+    pub fn serve_args(&self, pod_cidr: &str) -> Vec<std::ffi::OsString> {
+        let socket = self.socket().into_os_string();
+        let state = self.dir.path().join("state").into_os_string();
+        let mut args: Vec<std::ffi::OsString> = vec!["serve".into(), "--socket".into(), socket];
+        args.extend(["--state-dir".into(), state, "--pod-cidr".into(), pod_cidr.into()]);
+        args.extend(["--mtu".into(), "1500".into()]);
+        args
+    }
+
     /// [`Bubble::serve`] with extra flags, e.g. `--attach-mode tap`.
     pub async fn serve_with(&self, pod_cidr: &str, extra: &[&str]) -> Server {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--target={}", self.pid()))
             .args(["--user", "--net", "--mount", "--"])
             .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
-            .args(["--pod-cidr", pod_cidr, "--mtu", "1500"])
+            .args(self.serve_args(pod_cidr))
             .args(extra);
         let child = spawn(&mut cmd);
         let mut server = Server { child, client: None };
@@ -352,6 +353,23 @@ pub fn tcp_round_trip(server_ns: &str, server: Ipv4Addr, client_ns: &str) -> Str
     conn.read_to_string(&mut answer).expect("receive");
     echo.join().expect("echo thread");
     answer
+}
+
+/// Two attached pods of `bubble` ping each other and talk TCP; pod A and the bubble (at
+/// `bubble_address`) talk TCP both ways.
+pub fn pods_and_bubble_talk(
+    bubble: &Bubble,
+    bubble_address: Ipv4Addr,
+    (pod_a, a): (&Pod, &pb::Attachment),
+    (pod_b, b): (&Pod, &pb::Attachment),
+) {
+    assert!(pod_a.ping(address(b)), "pod A cannot ping pod B");
+    assert!(pod_b.ping(address(a)), "pod B cannot ping pod A");
+    assert_eq!(tcp_round_trip(&pod_b.netns_path(), address(b), &pod_a.netns_path()), "HELLO POD");
+    assert!(pod_a.ping(bubble_address), "pod A cannot ping the bubble");
+    let bubble_ns = bubble.netns_path().display().to_string();
+    assert_eq!(tcp_round_trip(&bubble_ns, bubble_address, &pod_a.netns_path()), "HELLO POD");
+    assert_eq!(tcp_round_trip(&pod_a.netns_path(), address(a), &bubble_ns), "HELLO POD");
 }
 
 /// The address part of an Attachment's "a.b.c.d/32".
