@@ -3,47 +3,22 @@
 //! Pods reach the bubble (the kubelet, the node's services) at it, and it is the source of the
 //! bubble's own traffic to pods of other nodes, so their answers come back through the tunnel.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use futures_util::TryStreamExt;
-
+use crate::link::{Netlink, add_address, set_up};
 use crate::{Error, Result};
 
-/// Brings `lo` up and adds `addr/32` to it (unless it is there) in the current network namespace.
+/// Brings `lo` up and gives it `addr/32` (unless it has it) in the current network namespace.
 pub async fn ensure_address(addr: Ipv4Addr) -> Result<()> {
     let (connection, handle, _) =
         rtnetlink::new_connection().map_err(|e| Error::io("open a netlink socket", e))?;
     let driver = tokio::spawn(connection);
     let result = async {
-        let lo = match handle.link().get().match_name("lo".to_owned()).execute().try_next().await {
-            Ok(Some(link)) => link.header.index,
-            _ => return Err(Error::Config("the bubble has no lo".into())),
-        };
-        handle
-            .link()
-            .set(rtnetlink::LinkUnspec::new_with_index(lo).up().build())
-            .execute()
-            .await
-            .map_err(|e| Error::netlink("set lo up", e))?;
-        // Read the whole dump: a stream dropped half-read leaves netlink answers undelivered.
-        let have: Vec<_> = handle
-            .address()
-            .get()
-            .set_link_index_filter(lo)
-            .set_address_filter(IpAddr::V4(addr))
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| Error::netlink("list lo's addresses", e))?;
-        if !have.is_empty() {
-            return Ok(());
-        }
-        handle
-            .address()
-            .add(lo, IpAddr::V4(addr), 32)
-            .execute()
-            .await
-            .map_err(|e| Error::netlink(format!("add {addr}/32 to lo"), e))
+        let lo = Netlink::index_of(&handle, "lo")
+            .await?
+            .ok_or_else(|| Error::Config("the bubble has no lo".into()))?;
+        set_up(&handle, lo, "lo").await?;
+        add_address(&handle, lo, addr, "lo").await
     }
     .await;
     driver.abort();

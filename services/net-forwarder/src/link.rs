@@ -155,7 +155,7 @@ impl Netlink {
         self
     }
 
-    async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>> {
+    pub(crate) async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>> {
         let mut links = handle.link().get().match_name(name.to_owned()).execute();
         match links.try_next().await {
             Ok(link) => Ok(link.map(|l| l.header.index)),
@@ -255,17 +255,8 @@ pub(crate) async fn configure_host(h: &Handle, name: &str, address: Ipv4Addr, mt
         .execute()
         .await
         .map_err(|e| Error::netlink(format!("set the MTU of {name}"), e))?;
-    match h.address().add(index, IpAddr::V4(GATEWAY), 32).execute().await {
-        Err(e) if !is_errno(&e, nix::errno::Errno::EEXIST) => {
-            return Err(Error::netlink(format!("add {GATEWAY}/32 to {name}"), e));
-        }
-        _ => {}
-    }
-    h.link()
-        .set(LinkUnspec::new_with_index(index).up().build())
-        .execute()
-        .await
-        .map_err(|e| Error::netlink(format!("set {name} up"), e))?;
+    add_address(h, index, GATEWAY, name).await?;
+    set_up(h, index, name).await?;
     let route = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(address, 32)
         .output_interface(index)
@@ -349,11 +340,7 @@ impl Network for Netlink {
 pub(crate) async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4Addr, u32)) -> Result<()> {
     let index = Netlink::index_of(&h, &peer).await?.ok_or_else(|| missing(&peer))?;
     let lo = Netlink::index_of(&h, "lo").await?.ok_or_else(|| missing("lo"))?;
-    h.link()
-        .set(LinkUnspec::new_with_index(lo).up().build())
-        .execute()
-        .await
-        .map_err(|e| Error::netlink("set lo up in the pod", e))?;
+    set_up(&h, lo, "lo in the pod").await?;
     let mut eth0 = LinkUnspec::new_with_index(index).mtu(mtu);
     if peer != POD_INTERFACE {
         eth0 = eth0.name(POD_INTERFACE.to_owned());
@@ -363,17 +350,8 @@ pub(crate) async fn configure_pod(h: Handle, (peer, address, mtu): (String, Ipv4
         .execute()
         .await
         .map_err(|e| Error::netlink(format!("rename {peer} to {POD_INTERFACE} in the pod"), e))?;
-    match h.address().add(index, IpAddr::V4(address), 32).execute().await {
-        Err(e) if !is_errno(&e, nix::errno::Errno::EEXIST) => {
-            return Err(Error::netlink(format!("add {address}/32 in the pod"), e));
-        }
-        _ => {}
-    }
-    h.link()
-        .set(LinkUnspec::new_with_index(index).up().build())
-        .execute()
-        .await
-        .map_err(|e| Error::netlink("set eth0 up in the pod", e))?;
+    add_address(&h, index, address, "eth0 in the pod").await?;
+    set_up(&h, index, "eth0 in the pod").await?;
     let to_gateway = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(GATEWAY, 32)
         .output_interface(index)
@@ -430,6 +408,26 @@ where
         driver.abort();
         result
     })
+}
+
+/// Adds `address/32` to the interface `index` (`name` for messages); one it has already is fine,
+/// so configuring twice (at a restart) is harmless.
+pub(crate) async fn add_address(h: &Handle, index: u32, address: Ipv4Addr, name: &str) -> Result<()> {
+    match h.address().add(index, IpAddr::V4(address), 32).execute().await {
+        Err(e) if !is_errno(&e, nix::errno::Errno::EEXIST) => {
+            Err(Error::netlink(format!("add {address}/32 to {name}"), e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Sets the interface `index` (`name` for messages) up.
+pub(crate) async fn set_up(h: &Handle, index: u32, name: &str) -> Result<()> {
+    h.link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(|e| Error::netlink(format!("set {name} up"), e))
 }
 
 /// A per-sandbox interface name: one of the prefixes and 11 hex digits (so `hpk-tunnel`, the

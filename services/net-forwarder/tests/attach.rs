@@ -42,11 +42,7 @@ async fn pods_reach_each_other_and_the_bubble() {
     detach(&mut client, "sandbox-a").await;
     detach(&mut client, "sandbox-b").await;
     assert!(!pod_a.ping(BUBBLE_ADDRESS), "pod A still reaches the bubble after detach");
-    assert!(bubble.forwarder_interfaces().is_empty(), "{:?}", bubble.forwarder_interfaces());
-    assert_eq!(bubble.routes(), routes_before);
-    let listed = list(&mut client).await;
-    assert!(listed.attachments.is_empty());
-    assert_eq!(listed.free_addresses, 253);
+    support::assert_nothing_attached(&bubble, &mut client, &routes_before).await;
     server.stop();
 }
 
@@ -152,11 +148,7 @@ async fn attach_detach_cycles_leave_nothing_behind() {
         attach(&mut client, &sandbox, &pod).await;
         detach(&mut client, &sandbox).await;
     }
-    assert!(bubble.forwarder_interfaces().is_empty(), "{:?}", bubble.forwarder_interfaces());
-    assert_eq!(bubble.routes(), routes_before);
-    let listed = list(&mut client).await;
-    assert!(listed.attachments.is_empty());
-    assert_eq!(listed.free_addresses, 253);
+    support::assert_nothing_attached(&bubble, &mut client, &routes_before).await;
     assert_eq!(server.fds(), fds, "file descriptors leaked over {CYCLES} cycles");
     // The runtime's blocking pool may keep a few idle threads; a leak would be one per cycle.
     assert!(

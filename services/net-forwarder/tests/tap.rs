@@ -87,11 +87,7 @@ async fn tap_pods_reach_each_other_and_the_bubble() {
     assert!(pod_b.ping(GATEWAY), "detaching A disturbed B");
     detach(&mut client, "sandbox-b").await;
     assert!(!pod_b.interfaces().contains("eth0"), "the pod's TAP outlived detach");
-    assert!(bubble.forwarder_interfaces().is_empty(), "{:?}", bubble.forwarder_interfaces());
-    assert_eq!(bubble.routes(), routes_before);
-    let listed = list(&mut client).await;
-    assert!(listed.attachments.is_empty());
-    assert_eq!(listed.free_addresses, 253);
+    support::assert_nothing_attached(&bubble, &mut client, &routes_before).await;
     server.stop();
 }
 
@@ -204,12 +200,8 @@ async fn tap_attach_detach_cycles_leave_nothing_behind() {
         }
         detach(&mut client, &sandbox).await;
     }
-    assert!(bubble.forwarder_interfaces().is_empty(), "{:?}", bubble.forwarder_interfaces());
     assert!(!pod.interfaces().contains("eth0"), "{:?}", pod.interfaces());
-    assert_eq!(bubble.routes(), routes_before);
-    let listed = list(&mut client).await;
-    assert!(listed.attachments.is_empty());
-    assert_eq!(listed.free_addresses, 253);
+    support::assert_nothing_attached(&bubble, &mut client, &routes_before).await;
     settles("file descriptors back to the baseline", || server.fds() <= fds);
     settles("threads back to the baseline", || server.threads() <= threads);
     leak_report(&server, fds, threads);

@@ -10,7 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hpk_integration::image::{HTTPD_INDEX, HTTPD_PORT};
-use hpk_integration::registry::Client;
 use support::{CRICTL_TOOLS, Runtime, registry_with_shell_image, tools_present};
 
 /// A child process killed and reaped on drop.
@@ -57,9 +56,7 @@ async fn pods_get_addresses_and_reach_each_other() {
         return;
     }
     let (registry, shell, _) = registry_with_shell_image().await;
-    let httpd_image = hpk_integration::image::httpd_image().expect("httpd image");
-    Client::new(&registry.url()).expect("client").push("hpk/httpd", "v1", &httpd_image).await.expect("push");
-    let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
+    let httpd = support::push_httpd_image(&registry).await;
     let tmp = tempfile::tempdir().expect("tempdir");
     tokio::task::block_in_place(|| {
         // The bubble: a network namespace held by a sleeping process of this test.

@@ -394,6 +394,16 @@ pub async fn detach(client: &mut Client, sandbox: &str) {
         .unwrap_or_else(|e| panic!("detach {sandbox}: {e}"));
 }
 
+/// Everything detached: no interface of the net-forwarder's, the bubble's routes as they were
+/// before, no allocation, every address of a /24 free.
+pub async fn assert_nothing_attached(bubble: &Bubble, client: &mut Client, routes_before: &[String]) {
+    assert!(bubble.forwarder_interfaces().is_empty(), "{:?}", bubble.forwarder_interfaces());
+    assert_eq!(bubble.routes(), routes_before);
+    let listed = list(client).await;
+    assert!(listed.attachments.is_empty(), "{:?}", listed.attachments);
+    assert_eq!(listed.free_addresses, 253);
+}
+
 pub async fn list(client: &mut Client) -> pb::ListResponse {
     client.list(pb::ListRequest {}).await.expect("list").into_inner()
 }

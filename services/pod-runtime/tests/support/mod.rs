@@ -22,6 +22,13 @@ pub async fn registry_with_shell_image() -> (Registry, String, hpk_integration::
     (registry, reference, image)
 }
 
+/// Pushes the busybox httpd image to `registry`; returns its reference.
+pub async fn push_httpd_image(registry: &Registry) -> String {
+    let image = hpk_integration::image::httpd_image().expect("httpd image");
+    Client::new(&registry.url()).expect("client").push("hpk/httpd", "v1", &image).await.expect("push");
+    format!("{}/hpk/httpd:v1", registry.host_port())
+}
+
 pub const RUNTIME: &str = env!("CARGO_BIN_EXE_hpk-pod-runtime");
 pub const PAUSE: &str = env!("CARGO_BIN_EXE_hpk-pause");
 
