@@ -1,0 +1,3 @@
+//! `hpk-kubelet`: the node's kubelet.
+
+fn main() {}

@@ -1,0 +1,125 @@
+//! The API objects a pod refers to (ConfigMaps, Secrets, PVCs/PVs, service-account tokens),
+//! read as the node: the Node authorizer allows exactly those referenced by pods bound to it.
+
+use std::future::Future;
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
+};
+use kube::Api;
+use kube::api::PostParams;
+
+/// A service-account token as the TokenRequest API returned it.
+#[derive(Clone, Debug)]
+pub struct Token {
+    /// The JWT.
+    pub token: String,
+    /// When it expires.
+    pub expires: k8s_openapi::jiff::Timestamp,
+}
+
+/// Reads the objects a pod refers to. [`ApiObjects`] is the real one; a unit test may supply
+/// its own.
+pub trait ObjectSource: Send + Sync {
+    /// ConfigMap `name` in `namespace`, `None` when it does not exist.
+    fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ConfigMap>, kube::Error>> + Send;
+    /// Secret `name` in `namespace`, `None` when it does not exist.
+    fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
+    /// PersistentVolumeClaim `name` in `namespace`, `None` when it does not exist.
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<PersistentVolumeClaim>, kube::Error>> + Send;
+    /// PersistentVolume `name`, `None` when it does not exist.
+    fn persistent_volume(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<PersistentVolume>, kube::Error>> + Send;
+    /// A token for service account `account` in `namespace`, bound to pod `pod_name`/`pod_uid`.
+    fn service_account_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod_name: &str,
+        pod_uid: &str,
+        audiences: Vec<String>,
+        expiration_seconds: i64,
+    ) -> impl Future<Output = Result<Token, kube::Error>> + Send;
+}
+
+/// [`ObjectSource`] over the API server.
+#[derive(Clone)]
+pub struct ApiObjects {
+    client: kube::Client,
+}
+
+impl ApiObjects {
+    /// Reads through `client` (the node's identity).
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl ObjectSource for ApiObjects {
+    async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>, kube::Error> {
+        Api::<ConfigMap>::namespaced(self.client.clone(), namespace).get_opt(name).await
+    }
+
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), namespace).get_opt(name).await
+    }
+
+    async fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PersistentVolumeClaim>, kube::Error> {
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace).get_opt(name).await
+    }
+
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>, kube::Error> {
+        Api::<PersistentVolume>::all(self.client.clone()).get_opt(name).await
+    }
+
+    async fn service_account_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod_name: &str,
+        pod_uid: &str,
+        audiences: Vec<String>,
+        expiration_seconds: i64,
+    ) -> Result<Token, kube::Error> {
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences,
+                expiration_seconds: Some(expiration_seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod_name.into()),
+                    uid: Some(pod_uid.into()),
+                }),
+            },
+            ..TokenRequest::default()
+        };
+        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), namespace);
+        let data = serde_json::to_vec(&request).map_err(kube::Error::SerdeError)?;
+        let answer: TokenRequest =
+            accounts.create_subresource("token", account, &PostParams::default(), &data).await?;
+        match answer.status {
+            Some(status) => Ok(Token { token: status.token, expires: status.expiration_timestamp.0 }),
+            None => Err(kube::Error::Service("TokenRequest answered without a status".into())),
+        }
+    }
+}
