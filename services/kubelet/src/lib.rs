@@ -6,5 +6,6 @@
 pub mod cri;
 pub mod downward;
 pub mod objects;
+pub mod probes;
 pub mod quantity;
 pub mod spec;

@@ -1,0 +1,367 @@
+//! One probe attempt, bounded by the probe's timeoutSeconds.
+
+use std::time::Duration;
+
+use k8s_cri::v1::ExecSyncResponse;
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{Outcome, ProbeKind, Target, grpc, http};
+
+/// The most probe output kept in a message, as the kubelet keeps.
+const MAX_OUTPUT: usize = 10 * 1024;
+
+/// The probe's timeoutSeconds (default 1, at least 1).
+pub(super) fn timeout(probe: &Probe) -> Duration {
+    Duration::from_secs(u64::try_from(probe.timeout_seconds.unwrap_or(1)).unwrap_or(1).max(1))
+}
+
+/// One attempt of `probe` against `target`: exec (CRI ExecSync, exit 0 passes), httpGet
+/// (200–399 passes; HTTPS without certificate checks), tcpSocket (a connection passes) or
+/// grpc (`grpc.health.v1.Health/Check` answering SERVING passes). A probe without exactly
+/// one handler, or naming a port the container lacks, fails with the reason.
+pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
+    match attempt(probe, target).await {
+        Ok(()) => Outcome::Success,
+        Err(detail) => Outcome::Failure(format!("{kind} probe failed: {detail}")),
+    }
+}
+
+async fn attempt(probe: &Probe, target: &Target) -> Result<(), String> {
+    let timeout = timeout(probe);
+    let handlers =
+        [probe.exec.is_some(), probe.http_get.is_some(), probe.tcp_socket.is_some(), probe.grpc.is_some()];
+    match handlers.iter().filter(|h| **h).count() {
+        0 => return Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into()),
+        1 => {}
+        _ => {
+            return Err(
+                "the probe has more than one handler; exactly one of exec, httpGet, tcpSocket, grpc".into()
+            );
+        }
+    }
+    let pod_ip =
+        || target.pod_ip.map(|ip| ip.to_string()).ok_or_else(|| "the pod has no IP address yet".to_owned());
+    if let Some(exec) = &probe.exec {
+        let command = exec.command.clone().unwrap_or_default();
+        if command.is_empty() {
+            return Err("the exec probe has no command".into());
+        }
+        // The runtime ends the command at the timeout; the margin covers the round trip.
+        let result = tokio::time::timeout(
+            timeout + Duration::from_secs(2),
+            target.cri.exec_sync(&target.container_id, command.clone(), timeout),
+        )
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the runtime")));
+        return exec_result(&command, result);
+    }
+    if let Some(get) = &probe.http_get {
+        let port = resolve_port(&get.port, &target.container)?;
+        let host = match get.host.as_deref().filter(|h| !h.is_empty()) {
+            Some(host) => host.to_owned(),
+            None => pod_ip()?,
+        };
+        let request = http::Request {
+            scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
+            host,
+            port,
+            path: get.path.clone().unwrap_or_default(),
+            headers: get.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect(),
+        };
+        return http::probe(request, timeout).await;
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        let port = resolve_port(&tcp.port, &target.container)?;
+        let host = match tcp.host.as_deref().filter(|h| !h.is_empty()) {
+            Some(host) => host.to_owned(),
+            None => pod_ip()?,
+        };
+        return tcp_probe(&host, port, timeout).await;
+    }
+    if let Some(g) = &probe.grpc {
+        let port = u16::try_from(g.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("invalid port number: {}", g.port))?;
+        return grpc::probe(&pod_ip()?, port, g.service.as_deref().unwrap_or_default(), timeout).await;
+    }
+    Ok(())
+}
+
+/// A port number, or the number of the container port with that name (or a number written
+/// as a string), in 1–65535.
+pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+    let number = match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            let named = container.ports.iter().flatten().find(|p| p.name.as_deref() == Some(name.as_str()));
+            match (named, name.parse::<i32>()) {
+                (Some(p), _) => p.container_port,
+                (None, Ok(n)) => n,
+                (None, Err(_)) => {
+                    return Err(format!("port {name:?} not found in container {:?}", container.name));
+                }
+            }
+        }
+    };
+    u16::try_from(number).ok().filter(|p| *p > 0).ok_or_else(|| format!("invalid port number: {number}"))
+}
+
+/// `host:port`, with brackets around an IPv6 address.
+pub(super) fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+}
+
+async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Result<(), String> {
+    let addr = join_host_port(host, port);
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_stream)) => Ok(()),
+        Ok(Err(e)) => Err(format!("dial tcp {addr}: {}", connect_error(&e))),
+        Err(_) => Err(format!("dial tcp {addr}: i/o timeout")),
+    }
+}
+
+/// A connect error in Go's words (`connect: connection refused`), which is what users search for.
+pub(super) fn connect_error(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connect: connection refused".into(),
+        std::io::ErrorKind::HostUnreachable => "connect: no route to host".into(),
+        std::io::ErrorKind::NetworkUnreachable => "connect: network is unreachable".into(),
+        _ => format!("connect: {e}"),
+    }
+}
+
+/// The verdict on an exec probe's ExecSync answer: exit 0 passes; otherwise the command, its
+/// exit code and its output (stdout then stderr, at most 10 KiB).
+pub(super) fn exec_result(
+    command: &[String],
+    result: Result<ExecSyncResponse, tonic::Status>,
+) -> Result<(), String> {
+    let shown = command.join(" ");
+    match result {
+        Ok(response) if response.exit_code == 0 => Ok(()),
+        Ok(response) => {
+            let mut output = response.stdout;
+            output.extend_from_slice(&response.stderr);
+            output.truncate(MAX_OUTPUT);
+            let output = String::from_utf8_lossy(&output);
+            let output = output.trim_end();
+            let code = response.exit_code;
+            if output.is_empty() {
+                Err(format!("command {shown:?} exited with {code}"))
+            } else {
+                Err(format!("command {shown:?} exited with {code}: {output}"))
+            }
+        }
+        Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+            Err(format!("command {shown:?} timed out"))
+        }
+        Err(status) => Err(format!("command {shown:?} could not run: {}", status.message())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::testing::{closed_port, grpc_server, http_server, probe, target};
+    use serde_json::json;
+
+    fn container() -> serde_json::Value {
+        json!({"name": "app", "image": "i", "ports": [{"name": "http", "containerPort": 8080}]})
+    }
+
+    async fn http(path: &str, port: u16, tls: bool) -> Outcome {
+        let scheme = if tls { "HTTPS" } else { "HTTP" };
+        let p = probe(json!({"httpGet": {"path": path, "port": port, "scheme": scheme}}));
+        check(ProbeKind::Liveness, &p, &target(container())).await
+    }
+
+    fn failure(outcome: Outcome) -> String {
+        match outcome {
+            Outcome::Failure(message) => message,
+            Outcome::Success => panic!("expected a failure"),
+        }
+    }
+
+    #[tokio::test]
+    async fn http_status_decides() {
+        let (addr, seen) = http_server(false).await;
+        assert_eq!(http("/ok", addr.port(), false).await, Outcome::Success);
+        assert_eq!(
+            failure(http("/fail", addr.port(), false).await),
+            "Liveness probe failed: HTTP probe failed with statuscode: 500"
+        );
+        assert_eq!(http("/away", addr.port(), false).await, Outcome::Success, "a 301 off the host passes");
+        assert_eq!(http("ok", addr.port(), false).await, Outcome::Success, "a path without its slash");
+        let head = seen.lock().expect("lock")[0].clone();
+        assert!(head.starts_with("GET /ok HTTP/1.1\r\n"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("user-agent: kube-probe/"), "{head}");
+        assert!(head.to_ascii_lowercase().contains(&format!("host: 127.0.0.1:{}", addr.port())), "{head}");
+    }
+
+    #[tokio::test]
+    async fn http_follows_redirects_on_the_same_host() {
+        let (addr, seen) = http_server(false).await;
+        assert_eq!(
+            failure(http("/here", addr.port(), false).await),
+            "Liveness probe failed: HTTP probe failed with statuscode: 500",
+            "the redirect's target answers"
+        );
+        assert_eq!(http("/hop", addr.port(), false).await, Outcome::Success, "a relative location");
+        let message = failure(http("/loop", addr.port(), false).await);
+        assert!(message.ends_with("stopped after 10 redirects"), "{message}");
+        assert_eq!(seen.lock().expect("lock").len(), 2 + 2 + 11);
+    }
+
+    #[tokio::test]
+    async fn http_headers_and_host_are_sent() {
+        let (addr, seen) = http_server(false).await;
+        let p = probe(json!({"httpGet": {"path": "/ok?x=1", "port": "http", "httpHeaders": [
+            {"name": "Host", "value": "app.example"}, {"name": "X-Probe", "value": "yes"}]}}));
+        let mut t = target(
+            json!({"name": "app", "image": "i", "ports": [{"name": "http", "containerPort": addr.port()}]}),
+        );
+        assert_eq!(check(ProbeKind::Readiness, &p, &t).await, Outcome::Success);
+        let head = seen.lock().expect("lock")[0].to_ascii_lowercase();
+        assert!(head.starts_with("get /ok?x=1 http/1.1"), "{head}");
+        assert!(head.contains("host: app.example\r\n") && head.contains("x-probe: yes\r\n"), "{head}");
+        t.pod_ip = None;
+        assert_eq!(
+            failure(check(ProbeKind::Readiness, &p, &t).await),
+            "Readiness probe failed: the pod has no IP address yet"
+        );
+    }
+
+    #[tokio::test]
+    async fn http_times_out() {
+        let (addr, _) = http_server(false).await;
+        let started = std::time::Instant::now();
+        let message = failure(http("/slow", addr.port(), false).await);
+        assert!(message.contains("Client.Timeout exceeded"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(3), "bounded by timeoutSeconds (1)");
+    }
+
+    #[tokio::test]
+    async fn http_refused_says_so() {
+        let port = closed_port().await;
+        let message = failure(http("/ok", port, false).await);
+        assert!(
+            message.ends_with(&format!("dial tcp 127.0.0.1:{port}: connect: connection refused")),
+            "{message}"
+        );
+    }
+
+    #[tokio::test]
+    async fn https_skips_certificate_verification() {
+        let (addr, _) = http_server(true).await;
+        assert_eq!(http("/ok", addr.port(), true).await, Outcome::Success);
+        assert_eq!(
+            failure(http("/fail", addr.port(), true).await),
+            "Liveness probe failed: HTTP probe failed with statuscode: 500"
+        );
+    }
+
+    #[tokio::test]
+    async fn tcp_connects_or_fails() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let open = listener.local_addr().expect("addr").port();
+        let p = probe(json!({"tcpSocket": {"port": open}}));
+        assert_eq!(check(ProbeKind::Startup, &p, &target(container())).await, Outcome::Success);
+        let closed = closed_port().await;
+        let p = probe(json!({"tcpSocket": {"port": closed}}));
+        assert_eq!(
+            failure(check(ProbeKind::Startup, &p, &target(container())).await),
+            format!("Startup probe failed: dial tcp 127.0.0.1:{closed}: connect: connection refused")
+        );
+    }
+
+    #[tokio::test]
+    async fn grpc_health_decides() {
+        let addr = grpc_server().await;
+        let grpc = |service: &str| probe(json!({"grpc": {"port": addr.port(), "service": service}}));
+        let t = target(container());
+        assert_eq!(check(ProbeKind::Liveness, &grpc("up"), &t).await, Outcome::Success);
+        assert_eq!(
+            check(ProbeKind::Liveness, &probe(json!({"grpc": {"port": addr.port()}})), &t).await,
+            Outcome::Success
+        );
+        assert_eq!(
+            failure(check(ProbeKind::Liveness, &grpc("down"), &t).await),
+            r#"Liveness probe failed: service unhealthy (responded with "NOT_SERVING")"#
+        );
+        let message = failure(check(ProbeKind::Liveness, &grpc("unknown"), &t).await);
+        assert!(message.starts_with("Liveness probe failed: error: health rpc probe failed"), "{message}");
+        let closed = closed_port().await;
+        let message =
+            failure(check(ProbeKind::Liveness, &probe(json!({"grpc": {"port": closed}})), &t).await);
+        assert!(message.contains(&format!("failed to connect service \"127.0.0.1:{closed}\"")), "{message}");
+    }
+
+    #[tokio::test]
+    async fn bad_probes_fail_with_a_reason() {
+        let t = target(container());
+        let cases = [
+            (json!({}), "the probe has no handler"),
+            (
+                json!({"tcpSocket": {"port": 1}, "httpGet": {"port": 1}}),
+                "the probe has more than one handler",
+            ),
+            (json!({"tcpSocket": {"port": "metrics"}}), r#"port "metrics" not found in container "app""#),
+            (json!({"httpGet": {"port": 0}}), "invalid port number: 0"),
+            (json!({"httpGet": {"port": 70000}}), "invalid port number: 70000"),
+            (json!({"httpGet": {"port": 1, "scheme": "FTP"}}), r#"unsupported scheme "FTP""#),
+            (json!({"exec": {}}), "the exec probe has no command"),
+        ];
+        for (p, want) in cases {
+            let message = failure(check(ProbeKind::Liveness, &probe(p.clone()), &t).await);
+            assert!(
+                message.starts_with("Liveness probe failed: ") && message.contains(want),
+                "{p}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn named_and_numeric_ports_resolve() {
+        let c: Container = serde_json::from_value(container()).expect("container");
+        assert_eq!(resolve_port(&IntOrString::String("http".into()), &c), Ok(8080));
+        assert_eq!(resolve_port(&IntOrString::String("9090".into()), &c), Ok(9090), "a number as a string");
+        assert_eq!(resolve_port(&IntOrString::Int(81), &c), Ok(81));
+        assert!(resolve_port(&IntOrString::String("grpc".into()), &c).is_err());
+    }
+
+    /// Exec probes need a running container in a real runtime; the integration tests run
+    /// them. Here: the verdict and message for each kind of ExecSync answer.
+    #[test]
+    fn exec_answers_become_verdicts() {
+        let cmd = vec!["sh".to_owned(), "-c".to_owned(), "test -f /ready".to_owned()];
+        let answer = |code: i32, out: &str, err: &str| {
+            Ok(ExecSyncResponse {
+                stdout: out.as_bytes().to_vec(),
+                stderr: err.as_bytes().to_vec(),
+                exit_code: code,
+            })
+        };
+        assert_eq!(exec_result(&cmd, answer(0, "fine", "")), Ok(()));
+        assert_eq!(
+            exec_result(&cmd, answer(1, "", "not ready\n")),
+            Err(r#"command "sh -c test -f /ready" exited with 1: not ready"#.to_owned())
+        );
+        assert_eq!(
+            exec_result(&cmd, answer(2, "", "")),
+            Err(r#"command "sh -c test -f /ready" exited with 2"#.to_owned())
+        );
+        let long = "x".repeat(20_000);
+        let message = exec_result(&cmd, answer(1, &long, "")).expect_err("fails");
+        assert!(message.len() < MAX_OUTPUT + 100, "output is capped");
+        assert_eq!(
+            exec_result(&cmd, Err(tonic::Status::deadline_exceeded("slow"))),
+            Err(r#"command "sh -c test -f /ready" timed out"#.to_owned())
+        );
+        assert_eq!(
+            exec_result(&cmd, Err(tonic::Status::not_found("no such container"))),
+            Err(r#"command "sh -c test -f /ready" could not run: no such container"#.to_owned())
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! Liveness, readiness and startup probes: one attempt (`check.rs`, with the HTTP client in
+//! `http.rs` and the gRPC health check in `grpc.rs`) and the worker that runs a probe on its
+//! schedule and reports when its thresholds are crossed (`worker.rs`).
+
+mod check;
+mod grpc;
+mod http;
+mod worker;
+
+#[cfg(test)]
+mod testing;
+
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Container;
+
+pub use check::check;
+pub use worker::spawn;
+
+/// Which of a container's probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    /// Restart the container when it fails.
+    Liveness,
+    /// Keep the pod out of Service endpoints while it fails.
+    Readiness,
+    /// Hold liveness and readiness back until it succeeds once.
+    Startup,
+}
+
+impl fmt::Display for ProbeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Liveness => "Liveness",
+            Self::Readiness => "Readiness",
+            Self::Startup => "Startup",
+        })
+    }
+}
+
+/// What a probe talks to.
+#[derive(Clone)]
+pub struct Target {
+    /// The pod's primary address: the default host of httpGet and tcpSocket, the host of grpc.
+    pub pod_ip: Option<IpAddr>,
+    /// The container, for exec probes.
+    pub container_id: String,
+    /// The container's spec, for named ports.
+    pub container: Container,
+    /// The runtime, for exec probes.
+    pub cri: crate::cri::Cri,
+}
+
+/// The result of one probe attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The container passed.
+    Success,
+    /// The container failed, worded as the kubelet's Unhealthy event
+    /// (`Liveness probe failed: HTTP probe failed with statuscode: 500`).
+    Failure(String),
+}
+
+/// What a probe worker tells the pod's owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeReport {
+    /// One attempt failed (worth an Unhealthy event even below the threshold).
+    Failed {
+        /// The container's name.
+        container: String,
+        /// Which probe.
+        kind: ProbeKind,
+        /// Why, as in [`Outcome::Failure`].
+        message: String,
+    },
+    /// The probe's verdict changed: successThreshold successes or failureThreshold failures in
+    /// a row.
+    Changed {
+        /// The container's name.
+        container: String,
+        /// Which probe.
+        kind: ProbeKind,
+        /// Ready, alive, or started.
+        healthy: bool,
+    },
+}
