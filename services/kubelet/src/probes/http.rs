@@ -68,7 +68,10 @@ impl Url {
             let path = uri.path_and_query().map_or("/".to_owned(), |p| p.as_str().to_owned());
             Some(Url { https, host, port, path: if path.is_empty() { "/".into() } else { path } })
         };
-        if location.starts_with("http://") || location.starts_with("https://") {
+        let scheme = location.split_once("://").map(|(scheme, _)| scheme);
+        if scheme.is_some_and(|s| {
+            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        }) {
             return absolute(location);
         }
         if location.starts_with("//") {
@@ -258,5 +261,34 @@ impl ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(path: &str) -> Url {
+        Url { https: false, host: "10.0.0.5".into(), port: 8080, path: path.into() }
+    }
+
+    #[test]
+    fn locations_resolve_against_the_current_url() {
+        let here = url("/app/health?x=1");
+        assert_eq!(here.join("/other"), Some(url("/other")));
+        assert_eq!(here.join("ready"), Some(url("/app/ready")));
+        assert_eq!(
+            here.join("https://example.com/z"),
+            Some(Url { https: true, host: "example.com".into(), port: 443, path: "/z".into() })
+        );
+        assert_eq!(
+            here.join("//10.0.0.5:9090"),
+            Some(Url { https: false, host: "10.0.0.5".into(), port: 9090, path: "/".into() })
+        );
+        assert_eq!(here.join("http://[fd00::1]:81/q").map(|u| u.host), Some("fd00::1".to_owned()));
+        assert_eq!(here.join("ftp://x/"), None);
+        assert_eq!(url("/a b").to_string(), "http://10.0.0.5:8080/a b");
+        let v6 = Url { https: true, host: "fd00::1".into(), port: 443, path: "/".into() };
+        assert_eq!(v6.to_string(), "https://[fd00::1]:443/");
     }
 }

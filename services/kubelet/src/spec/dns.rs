@@ -176,3 +176,66 @@ pub(super) fn pod_dns_config(
     fit_limits(&mut dns, warnings);
     Ok(dns)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_parses_as_the_kubelet_reads_it() {
+        let dns = parse_resolv_conf(
+            "; comment\n# comment\nnameserver 10.0.0.1\nnameserver\nsearch old.example\n\
+             search a.example. . b.example\noptions ndots:2 timeout:1\noptions ndots:3 rotate\ndomain x\n",
+        );
+        assert_eq!(dns.servers, ["10.0.0.1"]);
+        assert_eq!(dns.searches, ["a.example", "b.example"], "the last search line wins");
+        assert_eq!(dns.options, ["ndots:3", "timeout:1", "rotate"]);
+    }
+
+    #[test]
+    fn no_host_resolv_conf_means_localhost() {
+        let dns = host_config(Path::new("")).expect("no file is fine");
+        assert_eq!((dns.servers, dns.searches), (vec!["127.0.0.1".to_owned()], vec![".".to_owned()]));
+    }
+
+    #[test]
+    fn search_paths_are_cut_to_resolver_limits() {
+        let mut warnings = Vec::new();
+        let mut dns = DnsConfig {
+            searches: (0..40).map(|i| format!("d{i}.example")).collect(),
+            ..DnsConfig::default()
+        };
+        fit_limits(&mut dns, &mut warnings);
+        assert_eq!(dns.searches.len(), MAX_SEARCHES);
+        assert!(warnings[0].starts_with("Search Line limits were exceeded"), "{warnings:?}");
+
+        let mut warnings = Vec::new();
+        let long = "x".repeat(250);
+        let mut dns = DnsConfig {
+            searches: vec![
+                "y".repeat(300),
+                "ok.example".into(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+                long.clone(),
+            ],
+            ..DnsConfig::default()
+        };
+        fit_limits(&mut dns, &mut warnings);
+        assert_eq!(dns.searches[0], "ok.example", "a path over 253 characters is dropped");
+        assert!(dns.searches.join(" ").len() <= MAX_SEARCH_LINE);
+        assert_eq!(warnings.len(), 1);
+
+        let mut warnings = Vec::new();
+        let mut dns =
+            DnsConfig { servers: vec!["a".into()], searches: vec!["b".into()], ..DnsConfig::default() };
+        fit_limits(&mut dns, &mut warnings);
+        assert!(warnings.is_empty());
+    }
+}
