@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use k8s_cri::v1::ExecSyncResponse;
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, ExecAction, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Outcome, ProbeKind, Target, grpc, http};
@@ -29,64 +29,60 @@ pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
 
 async fn attempt(probe: &Probe, target: &Target) -> Result<(), String> {
     let timeout = timeout(probe);
-    let handlers =
-        [probe.exec.is_some(), probe.http_get.is_some(), probe.tcp_socket.is_some(), probe.grpc.is_some()];
-    match handlers.iter().filter(|h| **h).count() {
-        0 => return Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into()),
-        1 => {}
-        _ => {
-            return Err(
-                "the probe has more than one handler; exactly one of exec, httpGet, tcpSocket, grpc".into()
-            );
+    match (&probe.exec, &probe.http_get, &probe.tcp_socket, &probe.grpc) {
+        (Some(exec), None, None, None) => exec_probe(exec, target, timeout).await,
+        (None, Some(get), None, None) => http_get_probe(get, target, timeout).await,
+        (None, None, Some(tcp), None) => {
+            let port = resolve_port(&tcp.port, &target.container)?;
+            tcp_probe(&host_or_pod_ip(tcp.host.as_deref(), target)?, port, timeout).await
+        }
+        (None, None, None, Some(g)) => {
+            let port = u16::try_from(g.port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("invalid port number: {}", g.port))?;
+            let service = g.service.as_deref().unwrap_or_default();
+            grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await
+        }
+        (None, None, None, None) => Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into()),
+        _ => Err("the probe has more than one handler; exactly one of exec, httpGet, tcpSocket, grpc".into()),
+    }
+}
+
+/// The probe's own host, else the pod's IP.
+fn host_or_pod_ip(host: Option<&str>, target: &Target) -> Result<String, String> {
+    match host.filter(|h| !h.is_empty()) {
+        Some(host) => Ok(host.to_owned()),
+        None => {
+            target.pod_ip.map(|ip| ip.to_string()).ok_or_else(|| "the pod has no IP address yet".to_owned())
         }
     }
-    let pod_ip =
-        || target.pod_ip.map(|ip| ip.to_string()).ok_or_else(|| "the pod has no IP address yet".to_owned());
-    if let Some(exec) = &probe.exec {
-        let command = exec.command.clone().unwrap_or_default();
-        if command.is_empty() {
-            return Err("the exec probe has no command".into());
-        }
-        // The runtime ends the command at the timeout; the margin covers the round trip.
-        let result = tokio::time::timeout(
-            timeout + Duration::from_secs(2),
-            target.cri.exec_sync(&target.container_id, command.clone(), timeout),
-        )
-        .await
-        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the runtime")));
-        return exec_result(&command, result);
+}
+
+async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Result<(), String> {
+    let command = exec.command.clone().unwrap_or_default();
+    if command.is_empty() {
+        return Err("the exec probe has no command".into());
     }
-    if let Some(get) = &probe.http_get {
-        let port = resolve_port(&get.port, &target.container)?;
-        let host = match get.host.as_deref().filter(|h| !h.is_empty()) {
-            Some(host) => host.to_owned(),
-            None => pod_ip()?,
-        };
-        let request = http::Request {
-            scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
-            host,
-            port,
-            path: get.path.clone().unwrap_or_default(),
-            headers: get.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect(),
-        };
-        return http::probe(request, timeout).await;
-    }
-    if let Some(tcp) = &probe.tcp_socket {
-        let port = resolve_port(&tcp.port, &target.container)?;
-        let host = match tcp.host.as_deref().filter(|h| !h.is_empty()) {
-            Some(host) => host.to_owned(),
-            None => pod_ip()?,
-        };
-        return tcp_probe(&host, port, timeout).await;
-    }
-    if let Some(g) = &probe.grpc {
-        let port = u16::try_from(g.port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("invalid port number: {}", g.port))?;
-        return grpc::probe(&pod_ip()?, port, g.service.as_deref().unwrap_or_default(), timeout).await;
-    }
-    Ok(())
+    // The runtime ends the command at the timeout; the margin covers the round trip.
+    let result = tokio::time::timeout(
+        timeout + Duration::from_secs(2),
+        target.cri.exec_sync(&target.container_id, command.clone(), timeout),
+    )
+    .await
+    .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the runtime")));
+    exec_result(&command, result)
+}
+
+async fn http_get_probe(get: &HTTPGetAction, target: &Target, timeout: Duration) -> Result<(), String> {
+    let request = http::Request {
+        scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
+        port: resolve_port(&get.port, &target.container)?,
+        host: host_or_pod_ip(get.host.as_deref(), target)?,
+        path: get.path.clone().unwrap_or_default(),
+        headers: get.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect(),
+    };
+    http::probe(request, timeout).await
 }
 
 /// A port number, or the number of the container port with that name (or a number written
