@@ -7,3 +7,4 @@ pub mod cri;
 pub mod downward;
 pub mod objects;
 pub mod quantity;
+pub mod volumes;
