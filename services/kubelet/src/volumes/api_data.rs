@@ -81,7 +81,7 @@ impl KeySource<'_> {
         let Some(items) = self.items else {
             for (key, bytes) in data {
                 check_path(volume, &key)?;
-                payload.insert(key, FileData { data: bytes, mode: default_mode });
+                payload.insert(key, FileData { data: bytes, mode: default_mode, owner: None });
             }
             return Ok(());
         };
@@ -101,7 +101,7 @@ impl KeySource<'_> {
             };
             payload.insert(
                 item.path.clone(),
-                FileData { data: bytes, mode: mode_bits(item.mode, default_mode) },
+                FileData { data: bytes, mode: mode_bits(item.mode, default_mode), owner: None },
             );
         }
         Ok(())
@@ -136,7 +136,7 @@ pub fn project_downward(
         };
         payload.insert(
             item.path.clone(),
-            FileData { data: value.into_bytes(), mode: mode_bits(item.mode, default_mode) },
+            FileData { data: value.into_bytes(), mode: mode_bits(item.mode, default_mode), owner: None },
         );
     }
     Ok(())

@@ -13,12 +13,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Component, Path, PathBuf};
 
 use tracing::debug;
 
-use super::VolumeError;
+use super::{VolumeError, ownership};
 
 /// The link to the current version.
 const DATA: &str = "..data";
@@ -32,6 +32,8 @@ pub struct FileData {
     pub data: Vec<u8>,
     /// Permission bits (0o777 at most).
     pub mode: u32,
+    /// The user that owns it; `None` leaves it to whoever writes (the node).
+    pub owner: Option<u32>,
 }
 
 /// A volume's content: relative path → file.
@@ -60,11 +62,28 @@ pub fn check_path(volume: &str, path: &str) -> Result<(), VolumeError> {
 }
 
 /// Writes `payload` into `dir` (created when missing) unless `dir` already holds exactly that.
-/// Returns whether the content changed.
-pub fn write(volume: &str, dir: &Path, payload: &Payload) -> Result<bool, VolumeError> {
+/// With `group` (the pod's fsGroup) the new version is group-owned and group-readable before
+/// it becomes visible. Returns whether the content changed.
+pub fn write(volume: &str, dir: &Path, payload: &Payload, group: Option<u32>) -> Result<bool, VolumeError> {
     for path in payload.keys() {
         check_path(volume, path)?;
     }
+    let with_group;
+    let payload = match group {
+        Some(_) => {
+            with_group = payload
+                .iter()
+                .map(|(path, file)| {
+                    (
+                        path.clone(),
+                        FileData { mode: file.mode | ownership::READ_ONLY_GROUP_BITS, ..file.clone() },
+                    )
+                })
+                .collect::<Payload>();
+            &with_group
+        }
+        None => payload,
+    };
     make_dir(volume, dir)?;
     let old_version = fs::read_link(dir.join(DATA)).ok();
     if let Some(old) = &old_version
@@ -72,8 +91,8 @@ pub fn write(volume: &str, dir: &Path, payload: &Payload) -> Result<bool, Volume
     {
         return Ok(false);
     }
-    let version = new_version_dir(volume, dir)?;
-    if let Err(e) = fill(volume, &dir.join(&version), payload) {
+    let version = new_version_dir(volume, dir, group)?;
+    if let Err(e) = fill(volume, &dir.join(&version), payload, group) {
         let _ = fs::remove_dir_all(dir.join(&version));
         return Err(e);
     }
@@ -97,8 +116,9 @@ pub fn make_dir(volume: &str, dir: &Path) -> Result<(), VolumeError> {
     }
 }
 
-/// A fresh `..YYYY_MM_DD_HH_MM_SS.nnnnnnnnn` directory in `dir`, mode 0755.
-fn new_version_dir(volume: &str, dir: &Path) -> Result<PathBuf, VolumeError> {
+/// A fresh `..YYYY_MM_DD_HH_MM_SS.nnnnnnnnn` directory in `dir`, mode 0755 (group-owned by
+/// `group`, setgid, when given).
+fn new_version_dir(volume: &str, dir: &Path, group: Option<u32>) -> Result<PathBuf, VolumeError> {
     let now = time::OffsetDateTime::now_utc();
     let base = format!(
         "..{:04}_{:02}_{:02}_{:02}_{:02}_{:02}.{:09}",
@@ -116,7 +136,7 @@ fn new_version_dir(volume: &str, dir: &Path) -> Result<PathBuf, VolumeError> {
         let path = dir.join(&name);
         match DirBuilder::new().mode(0o755).create(&path) {
             Ok(()) => {
-                set_mode(volume, &path, 0o755)?;
+                group_dir(volume, &path, group)?;
                 return Ok(PathBuf::from(name));
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
@@ -126,12 +146,18 @@ fn new_version_dir(volume: &str, dir: &Path) -> Result<PathBuf, VolumeError> {
     Err(VolumeError::io(volume, "create", dir.join(base))(ErrorKind::AlreadyExists.into()))
 }
 
-/// Writes every file of `payload` under `root`, creating subdirectories 0755.
-fn fill(volume: &str, root: &Path, payload: &Payload) -> Result<(), VolumeError> {
+/// Writes every file of `payload` under `root`, creating subdirectories 0755, owned as
+/// `payload` and `group` say.
+fn fill(volume: &str, root: &Path, payload: &Payload, group: Option<u32>) -> Result<(), VolumeError> {
     for (path, file) in payload {
         let target = root.join(path);
-        if let Some(parent) = target.parent() {
-            make_dir(volume, parent)?;
+        for parent in
+            target.ancestors().skip(1).take_while(|p| *p != root).collect::<Vec<_>>().into_iter().rev()
+        {
+            if !parent.is_dir() {
+                make_dir(volume, parent)?;
+                group_dir(volume, parent, group)?;
+            }
         }
         let mut out = OpenOptions::new()
             .write(true)
@@ -140,10 +166,19 @@ fn fill(volume: &str, root: &Path, payload: &Payload) -> Result<(), VolumeError>
             .open(&target)
             .map_err(VolumeError::io(volume, "create", &target))?;
         out.write_all(&file.data).map_err(VolumeError::io(volume, "write", &target))?;
-        // The umask applied at open; the mode asked for is set explicitly.
+        // The umask applied at open; the mode asked for is set explicitly, after the owner
+        // (a chown clears setuid/setgid bits, and some file systems more).
+        ownership::chown(volume, &target, file.owner, group)?;
         set_mode(volume, &target, file.mode & 0o777)?;
     }
     Ok(())
+}
+
+/// Sets a directory we made to 0755, or with `group` to group-owned, setgid 2755.
+fn group_dir(volume: &str, path: &Path, group: Option<u32>) -> Result<(), VolumeError> {
+    ownership::chown(volume, path, None, group)?;
+    let bits = if group.is_some() { ownership::DIR_GROUP_BITS } else { 0 };
+    set_mode(volume, path, 0o755 | bits)
 }
 
 fn set_mode(volume: &str, path: &Path, mode: u32) -> Result<(), VolumeError> {
@@ -158,8 +193,11 @@ fn matches(version: &Path, payload: &Payload) -> bool {
     }
     payload.iter().all(|(path, file)| {
         let full = version.join(path);
-        let same_mode = fs::symlink_metadata(&full)
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o777 == file.mode & 0o777);
+        let same_mode = fs::symlink_metadata(&full).is_ok_and(|m| {
+            m.is_file()
+                && m.permissions().mode() & 0o777 == file.mode & 0o777
+                && file.owner.is_none_or(|uid| m.uid() == uid)
+        });
         same_mode && found.contains(Path::new(path)) && fs::read(&full).is_ok_and(|d| d == file.data)
     })
 }

@@ -11,15 +11,17 @@ use nix::errno::Errno;
 use nix::mount::MsFlags;
 use tracing::{info, warn};
 
-use super::VolumeError;
 use super::atomic::make_dir;
+use super::{VolumeError, ownership};
 use crate::quantity;
 
-/// Creates the emptyDir `volume` at `dir`; appends to `unenforced` what it cannot enforce.
+/// Creates the emptyDir `volume` at `dir`, group-owned by `group` (the pod's fsGroup) when
+/// given; appends to `unenforced` what it cannot enforce.
 pub fn prepare(
     volume: &str,
     source: &EmptyDirVolumeSource,
     dir: &Path,
+    group: Option<u32>,
     unenforced: &mut Vec<String>,
 ) -> Result<(), VolumeError> {
     let size = match &source.size_limit {
@@ -46,7 +48,7 @@ pub fn prepare(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
         Err(e) => return Err(VolumeError::io(volume, "create", dir)(e)),
     }
-    set_world_writable(volume, dir)?;
+    set_world_writable(volume, dir, group)?;
     if medium == "Memory" {
         if is_mount_point(dir) {
             return Ok(());
@@ -54,7 +56,7 @@ pub fn prepare(
         match mount_tmpfs(dir, size) {
             Ok(()) => {
                 info!(volume, dir = %dir.display(), size, "emptyDir tmpfs mounted");
-                set_world_writable(volume, dir)?;
+                set_world_writable(volume, dir, group)?;
             }
             Err(Errno::EPERM) => {
                 warn!(volume, dir = %dir.display(), "no permission to mount tmpfs; emptyDir medium Memory is a directory on disk");
@@ -73,8 +75,12 @@ pub fn prepare(
     Ok(())
 }
 
-fn set_world_writable(volume: &str, dir: &Path) -> Result<(), VolumeError> {
-    fs::set_permissions(dir, Permissions::from_mode(0o777)).map_err(VolumeError::io(volume, "chmod", dir))
+/// 0777, and with `group` group-owned and setgid so that what containers create there
+/// belongs to the group too. Only the top directory: what is below was made by the pod.
+fn set_world_writable(volume: &str, dir: &Path, group: Option<u32>) -> Result<(), VolumeError> {
+    ownership::chown(volume, dir, None, group)?;
+    let mode = if group.is_some() { 0o2777 } else { 0o777 };
+    fs::set_permissions(dir, Permissions::from_mode(mode)).map_err(VolumeError::io(volume, "chmod", dir))
 }
 
 /// Whether `dir` is on another file system than its parent (our tmpfs is).

@@ -14,6 +14,7 @@ mod fake;
 mod host_path;
 mod hosts;
 mod mounts;
+mod ownership;
 mod projected;
 mod remove;
 #[cfg(test)]
@@ -118,7 +119,7 @@ impl PodVolumes {
             };
             let source = source.clone();
             let result = match self.api_payload(pod, volume, ctx, objects).await {
-                Ok(Some(payload)) => atomic::write(&volume.name, &source, &payload),
+                Ok(Some(payload)) => atomic::write(&volume.name, &source, &payload, ownership::fs_group(pod)),
                 Ok(None) => Ok(false),
                 Err(e) => Err(e),
             };
@@ -215,7 +216,7 @@ impl PodVolumes {
         let dir = self.volume_dir(name);
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         if let Some(empty) = &volume.empty_dir {
-            empty_dir::prepare(name, empty, &dir, &mut self.unenforced)?;
+            empty_dir::prepare(name, empty, &dir, ownership::fs_group(pod), &mut self.unenforced)?;
             return Ok(Prepared { source: dir, kind: Kind::EmptyDir });
         }
         if let Some(host) = &volume.host_path {
@@ -242,7 +243,7 @@ impl PodVolumes {
             return Err(VolumeError::Unsupported { volume: name.to_owned(), kind: kind_of(volume) });
         };
         let existed = fs::symlink_metadata(&dir).is_ok();
-        if let Err(e) = atomic::write(name, &dir, &payload) {
+        if let Err(e) = atomic::write(name, &dir, &payload, ownership::fs_group(pod)) {
             if !existed {
                 let _ = fs::remove_dir_all(&dir);
             }

@@ -13,7 +13,7 @@ use tracing::debug;
 
 use super::api_data::{DEFAULT_MODE, KeySource, mode_bits, project_downward};
 use super::atomic::{FileData, Payload, check_path};
-use super::{VolumeContext, VolumeError};
+use super::{VolumeContext, VolumeError, ownership};
 use crate::objects::ObjectSource;
 
 /// A token older than this is rotated whatever its expiry says: the API server may hand out
@@ -63,7 +63,12 @@ pub async fn payload(
         if let Some(token) = &projection.service_account_token {
             check_path(volume, &token.path)?;
             let jwt = token_for(volume, pod, token, objects, tokens).await?;
-            payload.insert(token.path.clone(), FileData { data: jwt.into_bytes(), mode: default_mode });
+            // As the kubelet does: the token belongs to the containers' common user, readable
+            // by it (and, with an fsGroup, its group) only.
+            let owner = ownership::fs_user(pod);
+            let mode =
+                if owner.is_some() || ownership::fs_group(pod).is_some() { 0o600 } else { default_mode };
+            payload.insert(token.path.clone(), FileData { data: jwt.into_bytes(), mode, owner });
         } else if let Some(map) = &projection.config_map {
             let source = KeySource {
                 kind: "ConfigMap",

@@ -429,3 +429,32 @@ async fn mounts_refuse_paths_that_leave_the_volume() {
     }
     assert!(!outside.path().join("sub").exists(), "nothing created outside");
 }
+
+#[tokio::test]
+async fn fs_group_makes_volumes_readable_by_the_pods_user() {
+    use std::os::unix::fs::MetadataExt;
+    let objects = FakeObjects::default();
+    root_ca(&objects);
+    objects.add_secret(json!({"metadata": {"name": "creds", "namespace": "ns"}, "data": {"k": "dg=="}}));
+    let mut volumes_json = kube_api_access();
+    let list = volumes_json.as_array_mut().expect("array");
+    list.push(json!({"name": "s", "secret": {"secretName": "creds", "defaultMode": 0o400,
+        "items": [{"key": "k", "path": "nested/k"}]}}));
+    list.push(json!({"name": "scratch", "emptyDir": {}}));
+    let mut pod = pod(volumes_json, json!([]));
+    pod.spec.as_mut().expect("spec").security_context =
+        Some(serde_json::from_value(json!({"fsGroup": 2000, "runAsUser": 1000})).expect("security context"));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut volumes = prepare(&pod, tmp.path(), &objects).await.expect("prepared");
+    let meta = |p: &str| fs::metadata(tmp.path().join("volumes").join(p)).expect(p);
+
+    let secret = meta("s/nested/k");
+    assert_eq!((secret.gid(), secret.mode() & 0o7777), (2000, 0o440), "0400 plus group read");
+    let nested = meta("s/nested");
+    assert_eq!((nested.gid(), nested.mode() & 0o7777), (2000, 0o2755), "setgid directory");
+    let token = meta("kube-api-access-x7k2p/token");
+    assert_eq!((token.uid(), token.gid(), token.mode() & 0o7777), (1000, 2000, 0o640));
+    let scratch = meta("scratch");
+    assert_eq!((scratch.gid(), scratch.mode() & 0o7777), (2000, 0o2777));
+    assert!(!volumes.refresh(&pod, &ctx(), &objects).await.expect("refresh"), "ownership is not a change");
+}
