@@ -9,3 +9,4 @@ pub mod objects;
 pub mod probes;
 pub mod quantity;
 pub mod spec;
+pub mod volumes;
