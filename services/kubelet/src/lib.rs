@@ -5,5 +5,6 @@
 
 pub mod cri;
 pub mod downward;
+pub mod node;
 pub mod objects;
 pub mod quantity;
