@@ -5,6 +5,7 @@
 
 pub mod cri;
 pub mod downward;
+pub mod node;
 pub mod objects;
 pub mod probes;
 pub mod quantity;
