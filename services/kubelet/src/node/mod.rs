@@ -221,8 +221,8 @@ struct Loop {
 }
 
 impl Loop {
-    /// One round: check, publish the node state, push the status when due. Returns the time
-    /// to the next round.
+    /// One round: check, publish the node state, read the Node (registering it again if it
+    /// was deleted), push the status when due. Returns the time to the next round.
     async fn round(&mut self) -> Duration {
         if self.runtime_version.is_none() {
             self.runtime_version = probe::runtime_version(&self.cri).await;
@@ -230,10 +230,14 @@ impl Loop {
         let checks = self.check().await;
         self.publish(&checks[0]);
         let info = info::read(self.runtime_version.as_deref());
-        if !status::due(self.last.as_ref(), &checks, &info, Instant::now()) {
-            return CHECK_INTERVAL;
-        }
-        if self.push(checks, info).await {
+        let pushed = match self.current().await {
+            Some(current) if status::due(self.last.as_ref(), &checks, &info, Instant::now()) => {
+                self.push(&current, checks, info).await
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if pushed {
             self.retry.reset();
             CHECK_INTERVAL
         } else {
@@ -276,32 +280,41 @@ impl Loop {
         });
     }
 
-    /// Reads the Node (re-registering it when it was deleted), then patches its status; says
-    /// whether that worked.
-    async fn push(&mut self, checks: Vec<Check>, info: NodeSystemInfo) -> bool {
-        let name = self.config.name.clone();
-        let current = match self.nodes.get_opt(&name).await {
+    /// The Node as the API has it; registered again (and pushed to at once) when it is gone.
+    /// Read every round, not only when a push is due: a deleted Node is noticed within a
+    /// round, and transition times start from what the API shows (the lifecycle controller's
+    /// Unknown included), not from what this kubelet last wrote.
+    async fn current(&mut self) -> Option<Node> {
+        let name = &self.config.name;
+        let node = match self.nodes.get_opt(name).await {
             Ok(Some(node)) => node,
             Ok(None) => {
                 warn!(node = %name, "node deleted while running; registering it again");
+                self.last = None;
                 match register::register(&self.nodes, &self.config).await {
                     Ok(node) => node,
                     Err(e) => {
                         warn!(node = %name, error = %e, "registration failed");
-                        return false;
+                        return None;
                     }
                 }
             }
             Err(e) => {
                 warn!(node = %name, error = %e, "cannot read the node");
-                return false;
+                return None;
             }
         };
         self.uid_tx.send_if_modified(|uid| {
-            let changed = *uid != current.metadata.uid;
-            uid.clone_from(&current.metadata.uid);
+            let changed = *uid != node.metadata.uid;
+            uid.clone_from(&node.metadata.uid);
             changed
         });
+        Some(node)
+    }
+
+    /// Patches the status onto `current`; says whether that worked.
+    async fn push(&mut self, current: &Node, checks: Vec<Check>, info: NodeSystemInfo) -> bool {
+        let name = self.config.name.clone();
         let facts = status::Facts {
             config: &self.config,
             capacity: &self.capacity,
@@ -309,7 +322,7 @@ impl Loop {
             info: &info,
         };
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let body = status::patch(&facts, &checks, Some(&current), &now);
+        let body = status::patch(&facts, &checks, Some(current), &now);
         match self.nodes.patch_status(&name, &PatchParams::default(), &Patch::Strategic(body)).await {
             Ok(_) => {
                 self.last = Some(status::Pushed { checks, info, at: Instant::now() });
