@@ -233,7 +233,10 @@ async fn the_node_registers_keeps_its_lease_and_reports_readiness() {
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), task).await.expect("task ends").expect("join");
 
-    // A restarted kubelet: Ready again, others' fields kept.
+    // A restarted kubelet, now also waiting on a net-forwarder: Ready again, others' fields kept.
+    let forwarder_socket = dir.path().join("forwarder/health.sock");
+    let forwarder = serve_health(&forwarder_socket);
+    let config = NodeConfig { net_forwarder_socket: Some(forwarder_socket.clone()), ..config };
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let (_state, task) =
@@ -248,6 +251,13 @@ async fn the_node_registers_keeps_its_lease_and_reports_readiness() {
     assert_eq!(labels.get("node.hpk.io/role").map(String::as_str), Some("worker"));
     let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
     assert!(taints.iter().any(|t| t.key == "hpk.io/virtual-node"), "{taints:?}");
+
+    // The net-forwarder stops: NotReady, naming it; back when it serves again.
+    forwarder.cancel();
+    let (_, message) = wait_ready(&nodes, "False", Duration::from_secs(15)).await;
+    assert!(message.contains("net-forwarder"), "{message}");
+    let forwarder = serve_health(&forwarder_socket);
+    let (node, _) = wait_ready(&nodes, "True", Duration::from_secs(15)).await;
 
     // Deleted while running: registered again on the next round.
     let old_uid = node.metadata.uid.clone();
@@ -275,4 +285,14 @@ async fn the_node_registers_keeps_its_lease_and_reports_readiness() {
 
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), task).await.expect("task ends").expect("join");
+    forwarder.cancel();
+}
+
+/// A gRPC server with nothing but health (SERVING) on `socket`, as the net-forwarder has;
+/// cancelling the token stops it.
+fn serve_health(socket: &Path) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let listener = hpk_rpc::Listener::unix(socket).expect("health socket");
+    tokio::spawn(hpk_rpc::serve(listener, hpk_rpc::Services::new(), stop.clone()));
+    stop
 }

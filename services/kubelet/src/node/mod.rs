@@ -161,9 +161,14 @@ pub async fn start(
     let lease = tokio::spawn(lease::run(client, looper.config.name.clone(), uid_rx, shutdown.clone()));
     let task = tokio::spawn(async move {
         loop {
+            // A round waiting on an unresponsive API server must not hold up shutdown.
+            let next = async {
+                tokio::time::sleep(wait).await;
+                looper.round().await
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(wait) => wait = looper.round().await,
+                next = next => wait = next,
             }
         }
         let _ = lease.await;
@@ -203,6 +208,21 @@ fn transient(e: &kube::Error) -> bool {
         kube::Error::Api(status) => matches!(status.code, 409 | 429) || status.code >= 500,
         _ => true,
     }
+}
+
+/// An error with its causes, `outer: inner: root`, for a condition's message.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.ends_with(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The status loop's state.
@@ -253,9 +273,7 @@ impl Loop {
             }
         };
         let (runtime, forwarder): (Probe, Option<Probe>) = tokio::join!(probe::runtime(&self.cri), forwarder);
-        let text = |e: NodeError| {
-            format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default())
-        };
+        let text = |e: NodeError| error_chain(&e);
         vec![
             conditions::ready(&runtime, forwarder.as_ref()),
             conditions::memory(conditions::memory_available().map_err(text)),
@@ -333,5 +351,29 @@ impl Loop {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_reads_outer_to_root() {
+        let e = NodeError::Read {
+            what: "file",
+            path: "/proc/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(error_chain(&e), "cannot read file from /proc/x: entity not found");
+    }
+
+    #[test]
+    fn only_answers_that_may_change_are_retried() {
+        let api = |code| {
+            kube::Error::Api(Box::new(kube::core::Status { code, ..kube::core::Status::failure("x", "y") }))
+        };
+        assert!(transient(&api(500)) && transient(&api(429)) && transient(&api(409)));
+        assert!(!transient(&api(403)) && !transient(&api(422)));
     }
 }
