@@ -244,8 +244,11 @@ impl Loop {
     /// One round: check, publish the node state, read the Node (registering it again if it
     /// was deleted), push the status when due. Returns the time to the next round.
     async fn round(&mut self) -> Duration {
-        if self.runtime_version.is_none() {
-            self.runtime_version = probe::runtime_version(&self.cri).await;
+        if self.runtime_version.is_none() || !self.state_tx.borrow().ready {
+            // Asked again while not ready: a runtime that comes back may be a new version.
+            if let Some(version) = probe::runtime_version(&self.cri).await {
+                self.runtime_version = Some(version);
+            }
         }
         let checks = self.check().await;
         self.publish(&checks[0]);
