@@ -16,7 +16,8 @@ pub const DISK_AVAILABLE_MIN_PERCENT: i64 = 10;
 /// PID pressure above this share (in percent) of the PID limit in use.
 pub const PIDS_USED_MAX_PERCENT: i64 = 90;
 
-/// One condition as the kubelet observed it, before timestamps.
+/// One condition as the kubelet observed it, before timestamps. Messages name thresholds, not
+/// live figures, so that a push is due when a condition changes, not whenever a figure moves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
     /// `Ready`, `MemoryPressure`, …
@@ -131,7 +132,10 @@ pub fn memory(available: Result<i64, String>) -> Check {
             kind,
             status: true,
             reason: "KubeletHasInsufficientMemory",
-            message: format!("kubelet has insufficient memory available: {} MiB", bytes >> 20),
+            message: format!(
+                "kubelet has insufficient memory available: less than {} MiB",
+                MEMORY_AVAILABLE_MIN >> 20
+            ),
         },
         Ok(_) => Check {
             kind,
@@ -153,9 +157,7 @@ pub fn disk(fs: Result<Filesystem, String>) -> Check {
                 status: true,
                 reason: "KubeletHasDiskPressure",
                 message: format!(
-                    "kubelet has disk pressure: {} of {} MiB available",
-                    fs.available >> 20,
-                    fs.total >> 20
+                    "kubelet has disk pressure: less than {DISK_AVAILABLE_MIN_PERCENT} % of its filesystem available"
                 ),
             }
         }
@@ -180,7 +182,9 @@ pub fn pid(pids: Result<Pids, String>) -> Check {
                     kind,
                     status: true,
                     reason: "KubeletHasInsufficientPID",
-                    message: format!("kubelet has insufficient PID available: {} of {limit} in use", p.used),
+                    message: format!(
+                        "kubelet has insufficient PID available: more than {PIDS_USED_MAX_PERCENT} % of {limit} in use"
+                    ),
                 }
             } else {
                 Check {

@@ -112,7 +112,13 @@ pub async fn run(
     let mut backoff = Backoff::new();
     loop {
         let uid = node_uid.borrow_and_update().clone();
-        let wait = match renew(&leases, &name, uid.as_deref()).await {
+        // A renewal that takes longer than the period is as good as failed.
+        let renewal = tokio::time::timeout(RENEW_INTERVAL, renew(&leases, &name, uid.as_deref()));
+        let result = tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = renewal => result.map_err(|_| "no answer within the renewal period".to_owned()),
+        };
+        let wait = match result.and_then(|r| r.map_err(|e| e.to_string())) {
             Ok(()) => {
                 debug!(node = %name, "lease renewed");
                 backoff.reset();
@@ -158,5 +164,59 @@ mod tests {
         assert_eq!((owners[0].kind.as_str(), owners[0].uid.as_str()), ("Node", "uid-1"));
         assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
         assert!(desired("node1", None, now).metadata.owner_references.is_none());
+    }
+
+    /// An API server that accepts connections and never answers; returns its URL and how many
+    /// connections it got.
+    async fn silent_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(conn);
+            }
+        });
+        (url, count)
+    }
+
+    #[tokio::test]
+    async fn a_silent_api_server_neither_crashes_nor_delays_shutdown() {
+        let (url, connections) = silent_server().await;
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let (_uid_tx, uid_rx) = watch::channel(None);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(client, "node1".into(), uid_rx, shutdown.clone()));
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while connections.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the lease loop tried to renew");
+        assert!(!task.is_finished());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task).await.expect("prompt shutdown").unwrap();
+    }
+
+    #[tokio::test]
+    async fn failed_renewals_do_not_end_the_loop() {
+        // Nothing listens: every renewal fails at once and is retried (200, 400 ms, …).
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let (_uid_tx, uid_rx) = watch::channel(None);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(client, "node1".into(), uid_rx, shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!task.is_finished(), "failures must not end the loop");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task).await.expect("prompt shutdown").unwrap();
     }
 }

@@ -161,9 +161,14 @@ pub async fn start(
     let lease = tokio::spawn(lease::run(client, looper.config.name.clone(), uid_rx, shutdown.clone()));
     let task = tokio::spawn(async move {
         loop {
+            // A round waiting on an unresponsive API server must not hold up shutdown.
+            let next = async {
+                tokio::time::sleep(wait).await;
+                looper.round().await
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(wait) => wait = looper.round().await,
+                next = next => wait = next,
             }
         }
         let _ = lease.await;
@@ -205,6 +210,21 @@ fn transient(e: &kube::Error) -> bool {
     }
 }
 
+/// An error with its causes, `outer: inner: root`, for a condition's message.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.ends_with(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// The status loop's state.
 struct Loop {
     nodes: Api<Node>,
@@ -221,19 +241,26 @@ struct Loop {
 }
 
 impl Loop {
-    /// One round: check, publish the node state, push the status when due. Returns the time
-    /// to the next round.
+    /// One round: check, publish the node state, read the Node (registering it again if it
+    /// was deleted), push the status when due. Returns the time to the next round.
     async fn round(&mut self) -> Duration {
-        if self.runtime_version.is_none() {
-            self.runtime_version = probe::runtime_version(&self.cri).await;
+        if self.runtime_version.is_none() || !self.state_tx.borrow().ready {
+            // Asked again while not ready: a runtime that comes back may be a new version.
+            if let Some(version) = probe::runtime_version(&self.cri).await {
+                self.runtime_version = Some(version);
+            }
         }
         let checks = self.check().await;
         self.publish(&checks[0]);
         let info = info::read(self.runtime_version.as_deref());
-        if !status::due(self.last.as_ref(), &checks, &info, Instant::now()) {
-            return CHECK_INTERVAL;
-        }
-        if self.push(checks, info).await {
+        let pushed = match self.current().await {
+            Some(current) if status::due(self.last.as_ref(), &checks, &info, Instant::now()) => {
+                self.push(&current, checks, info).await
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if pushed {
             self.retry.reset();
             CHECK_INTERVAL
         } else {
@@ -249,9 +276,7 @@ impl Loop {
             }
         };
         let (runtime, forwarder): (Probe, Option<Probe>) = tokio::join!(probe::runtime(&self.cri), forwarder);
-        let text = |e: NodeError| {
-            format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default())
-        };
+        let text = |e: NodeError| error_chain(&e);
         vec![
             conditions::ready(&runtime, forwarder.as_ref()),
             conditions::memory(conditions::memory_available().map_err(text)),
@@ -276,32 +301,41 @@ impl Loop {
         });
     }
 
-    /// Reads the Node (re-registering it when it was deleted), then patches its status; says
-    /// whether that worked.
-    async fn push(&mut self, checks: Vec<Check>, info: NodeSystemInfo) -> bool {
-        let name = self.config.name.clone();
-        let current = match self.nodes.get_opt(&name).await {
+    /// The Node as the API has it; registered again (and pushed to at once) when it is gone.
+    /// Read every round, not only when a push is due: a deleted Node is noticed within a
+    /// round, and transition times start from what the API shows (the lifecycle controller's
+    /// Unknown included), not from what this kubelet last wrote.
+    async fn current(&mut self) -> Option<Node> {
+        let name = &self.config.name;
+        let node = match self.nodes.get_opt(name).await {
             Ok(Some(node)) => node,
             Ok(None) => {
                 warn!(node = %name, "node deleted while running; registering it again");
+                self.last = None;
                 match register::register(&self.nodes, &self.config).await {
                     Ok(node) => node,
                     Err(e) => {
                         warn!(node = %name, error = %e, "registration failed");
-                        return false;
+                        return None;
                     }
                 }
             }
             Err(e) => {
                 warn!(node = %name, error = %e, "cannot read the node");
-                return false;
+                return None;
             }
         };
         self.uid_tx.send_if_modified(|uid| {
-            let changed = *uid != current.metadata.uid;
-            uid.clone_from(&current.metadata.uid);
+            let changed = *uid != node.metadata.uid;
+            uid.clone_from(&node.metadata.uid);
             changed
         });
+        Some(node)
+    }
+
+    /// Patches the status onto `current`; says whether that worked.
+    async fn push(&mut self, current: &Node, checks: Vec<Check>, info: NodeSystemInfo) -> bool {
+        let name = self.config.name.clone();
         let facts = status::Facts {
             config: &self.config,
             capacity: &self.capacity,
@@ -309,7 +343,7 @@ impl Loop {
             info: &info,
         };
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let body = status::patch(&facts, &checks, Some(&current), &now);
+        let body = status::patch(&facts, &checks, Some(current), &now);
         match self.nodes.patch_status(&name, &PatchParams::default(), &Patch::Strategic(body)).await {
             Ok(_) => {
                 self.last = Some(status::Pushed { checks, info, at: Instant::now() });
@@ -320,5 +354,29 @@ impl Loop {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_reads_outer_to_root() {
+        let e = NodeError::Read {
+            what: "file",
+            path: "/proc/x".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(error_chain(&e), "cannot read file from /proc/x: entity not found");
+    }
+
+    #[test]
+    fn only_answers_that_may_change_are_retried() {
+        let api = |code| {
+            kube::Error::Api(Box::new(kube::core::Status { code, ..kube::core::Status::failure("x", "y") }))
+        };
+        assert!(transient(&api(500)) && transient(&api(429)) && transient(&api(409)));
+        assert!(!transient(&api(403)) && !transient(&api(422)));
     }
 }

@@ -54,7 +54,9 @@ pub async fn runtime_version(cri: &Cri) -> Option<String> {
 /// connection each time, so a restarted forwarder is found again.
 pub async fn forwarder(socket: &Path) -> Probe {
     let check = async {
-        let channel = hpk_rpc::connect::unix(socket).await.map_err(|e| format!("cannot connect: {e}"))?;
+        let channel = hpk_rpc::connect::unix(socket)
+            .await
+            .map_err(|e| format!("cannot connect: {}", super::error_chain(&e)))?;
         let reply = HealthClient::new(channel)
             .check(HealthCheckRequest { service: String::new() })
             .await
@@ -98,7 +100,9 @@ mod tests {
     async fn a_forwarder_that_is_not_there_is_not_ready() {
         let dir = tempfile::tempdir().unwrap();
         match forwarder(&dir.path().join("none.sock")).await {
-            Probe::NotReady(why) => assert!(why.contains("cannot connect"), "{why}"),
+            Probe::NotReady(why) => {
+                assert!(why.contains("cannot connect") && why.contains("No such file"), "{why}")
+            }
             Probe::Ready => panic!("nothing listens"),
         }
     }
