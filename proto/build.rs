@@ -3,7 +3,11 @@
 
 use std::path::PathBuf;
 
-const PROTOS: &[&str] = &["hpk/certsigner/v1/certsigner.proto", "hpk/netforwarder/v1/netforwarder.proto"];
+const PROTOS: &[&str] = &[
+    "hpk/certsigner/v1/certsigner.proto",
+    "hpk/kubelet/v1/kubelet.proto",
+    "hpk/netforwarder/v1/netforwarder.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {

@@ -12,6 +12,15 @@ pub mod certsigner {
     }
 }
 
+/// `hpk.kubelet.v1`: the kubelet's diagnostics.
+pub mod kubelet {
+    /// Version 1 of the kubelet diagnostics contract.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("hpk.kubelet.v1");
+    }
+}
+
 /// `hpk.netforwarder.v1`: the node's pod network (veth attachment and IPAM).
 pub mod netforwarder {
     /// Version 1 of the net-forwarder contract.

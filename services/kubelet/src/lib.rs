@@ -3,11 +3,20 @@
 //!
 //! `main.rs` only wires; each concern is a module here (see ARCHITECTURE.md).
 
+pub mod config;
 pub mod cri;
+pub mod diag;
 pub mod downward;
+mod error;
+pub mod events;
 pub mod node;
 pub mod objects;
+pub mod pods;
 pub mod probes;
 pub mod quantity;
+mod server;
 pub mod spec;
 pub mod volumes;
+
+pub use error::{Error, Result};
+pub use server::run;

@@ -114,9 +114,8 @@ impl ObjectSource for ApiObjects {
             ..TokenRequest::default()
         };
         let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), namespace);
-        let data = serde_json::to_vec(&request).map_err(kube::Error::SerdeError)?;
         let answer: TokenRequest =
-            accounts.create_subresource("token", account, &PostParams::default(), &data).await?;
+            accounts.create_subresource("token", account, &PostParams::default(), &request).await?;
         match answer.status {
             Some(status) => Ok(Token { token: status.token, expires: status.expiration_timestamp.0 }),
             None => Err(kube::Error::Service("TokenRequest answered without a status".into())),

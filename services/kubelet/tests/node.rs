@@ -133,6 +133,8 @@ fn config(ip: std::net::IpAddr, root_dir: &Path) -> NodeConfig {
         }),
         root_dir: root_dir.to_owned(),
         net_forwarder_socket: None,
+        // This machine's disk may be fuller than the kubelet's default threshold.
+        disk_pressure_percent: 1,
         env: Some(env),
     }
 }

@@ -11,8 +11,9 @@ use super::resources::{meminfo_bytes, read_text};
 
 /// Memory pressure below this much `MemAvailable`.
 pub const MEMORY_AVAILABLE_MIN: i64 = 100 << 20;
-/// Disk pressure below this share (in percent) of the filesystem available.
-pub const DISK_AVAILABLE_MIN_PERCENT: i64 = 10;
+/// Disk pressure below this share (in percent) of the filesystem available, by default (the
+/// kubelet's `nodefs.available<10%`).
+pub const DISK_AVAILABLE_MIN_PERCENT: u8 = 10;
 /// PID pressure above this share (in percent) of the PID limit in use.
 pub const PIDS_USED_MAX_PERCENT: i64 = 90;
 
@@ -147,17 +148,17 @@ pub fn memory(available: Result<i64, String>) -> Check {
     }
 }
 
-/// DiskPressure from the state directory's filesystem.
-pub fn disk(fs: Result<Filesystem, String>) -> Check {
+/// DiskPressure from the state directory's filesystem: less than `min_percent` available.
+pub fn disk(fs: Result<Filesystem, String>, min_percent: u8) -> Check {
     let kind = "DiskPressure";
     match fs {
-        Ok(fs) if fs.available.saturating_mul(100) < fs.total.saturating_mul(DISK_AVAILABLE_MIN_PERCENT) => {
+        Ok(fs) if fs.available.saturating_mul(100) < fs.total.saturating_mul(i64::from(min_percent)) => {
             Check {
                 kind,
                 status: true,
                 reason: "KubeletHasDiskPressure",
                 message: format!(
-                    "kubelet has disk pressure: less than {DISK_AVAILABLE_MIN_PERCENT} % of its filesystem available"
+                    "kubelet has disk pressure: less than {min_percent} % of its filesystem available"
                 ),
             }
         }
@@ -256,10 +257,11 @@ mod tests {
     #[test]
     fn disk_threshold() {
         let fs = |available| Ok(Filesystem { total: 1000 * MIB, available });
-        assert!(disk(fs(99 * MIB)).status);
-        assert!(!disk(fs(100 * MIB)).status);
-        assert!(!disk(fs(900 * MIB)).status);
-        assert_eq!(disk(fs(0)).reason, "KubeletHasDiskPressure");
+        assert!(disk(fs(99 * MIB), DISK_AVAILABLE_MIN_PERCENT).status);
+        assert!(!disk(fs(100 * MIB), DISK_AVAILABLE_MIN_PERCENT).status);
+        assert!(!disk(fs(900 * MIB), DISK_AVAILABLE_MIN_PERCENT).status);
+        assert_eq!(disk(fs(0), DISK_AVAILABLE_MIN_PERCENT).reason, "KubeletHasDiskPressure");
+        assert!(!disk(fs(20 * MIB), 1).status, "a lower threshold");
     }
 
     #[test]

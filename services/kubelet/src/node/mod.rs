@@ -35,6 +35,8 @@ use crate::cri::Cri;
 
 /// How often the conditions are checked.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// How often they are checked while the node is not Ready.
+pub const NOT_READY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The node's settings.
 #[derive(Clone, Debug)]
@@ -58,6 +60,8 @@ pub struct NodeConfig {
     pub root_dir: PathBuf,
     /// When set, the net-forwarder's health on this UNIX socket must be SERVING for Ready.
     pub net_forwarder_socket: Option<PathBuf>,
+    /// DiskPressure when less than this share (percent) of `root_dir`'s filesystem is free.
+    pub disk_pressure_percent: u8,
     /// The variables [`capacity`] reads (the Slurm allocation); `None` reads the process's
     /// environment.
     pub env: Option<HashMap<String, String>>,
@@ -260,7 +264,12 @@ impl Loop {
             Some(_) => true,
             None => false,
         };
-        if pushed {
+        if pushed && !self.state_tx.borrow().ready {
+            // Not Ready: look again soon, so Ready follows within a second of its cause
+            // (a net-forwarder that starts after the kubelet, a runtime back from a restart).
+            self.retry.reset();
+            NOT_READY_INTERVAL
+        } else if pushed {
             self.retry.reset();
             CHECK_INTERVAL
         } else {
@@ -280,7 +289,10 @@ impl Loop {
         vec![
             conditions::ready(&runtime, forwarder.as_ref()),
             conditions::memory(conditions::memory_available().map_err(text)),
-            conditions::disk(conditions::filesystem(&self.config.root_dir).map_err(text)),
+            conditions::disk(
+                conditions::filesystem(&self.config.root_dir).map_err(text),
+                self.config.disk_pressure_percent,
+            ),
             conditions::pid(conditions::pids().map_err(text)),
         ]
     }

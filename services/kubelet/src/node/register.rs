@@ -113,6 +113,7 @@ mod tests {
             }),
             root_dir: PathBuf::from("/"),
             net_forwarder_socket: None,
+            disk_pressure_percent: 10,
             env: None,
         }
     }

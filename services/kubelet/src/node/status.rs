@@ -107,6 +107,7 @@ mod tests {
             taint: None,
             root_dir: PathBuf::from("/"),
             net_forwarder_socket: None,
+            disk_pressure_percent: 10,
             env: None,
         }
     }

@@ -1,0 +1,136 @@
+//! Command-line and environment configuration of `hpk-kubelet`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Taint;
+
+/// `hpk-kubelet`: register the node and run the pods bound to it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubeletArgs {
+    /// Kubeconfig of the node's identity (`system:node:<name>`, group `system:nodes`).
+    #[arg(long, env = "HPK_KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+    /// The node's name; the host's name by default.
+    #[arg(long, env = "HPK_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The host's address other nodes and the API server reach this node at (InternalIP).
+    #[arg(long, env = "HPK_NODE_IP")]
+    pub node_ip: IpAddr,
+    /// The pod-runtime's CRI socket.
+    #[arg(long, env = "HPK_RUNTIME_SOCKET")]
+    pub runtime_socket: PathBuf,
+    /// The net-forwarder's socket: the node is Ready only while it serves.
+    #[arg(long, env = "HPK_NET_FORWARDER_SOCKET")]
+    pub net_forwarder_socket: Option<PathBuf>,
+    /// The kubelet's state: one directory per pod (volumes, /etc/hosts); created 0700.
+    #[arg(long, env = "HPK_KUBELET_ROOT")]
+    pub root_dir: PathBuf,
+    /// Where containers' logs go (`<namespace>_<pod>_<uid>/<container>/<n>.log`); by default
+    /// `<root-dir>/pod-logs`.
+    #[arg(long, env = "HPK_POD_LOGS_DIR")]
+    pub pod_logs_dir: Option<PathBuf>,
+    /// The kubelet API port published in the Node's status.daemonEndpoints.
+    #[arg(long, env = "HPK_KUBELET_PORT", default_value_t = 10250)]
+    pub kubelet_port: u16,
+    /// The most pods this node runs.
+    #[arg(long, env = "HPK_MAX_PODS", default_value_t = 110)]
+    pub max_pods: u32,
+    /// HPK's role label of the node (`node.hpk.io/role`).
+    #[arg(long, env = "HPK_NODE_ROLE", default_value = "worker")]
+    pub role: String,
+    /// Register the node with this taint, KEY[=VALUE]:EFFECT (pods opt in by toleration or
+    /// nodeName).
+    #[arg(long, env = "HPK_REGISTER_WITH_TAINT", value_parser = parse_taint)]
+    pub register_with_taint: Option<Taint>,
+    /// Report DiskPressure (and get the NoSchedule taint) when less than this share, in percent,
+    /// of the root directory's filesystem is free (the kubelet's `nodefs.available<10%`).
+    #[arg(long, env = "HPK_DISK_PRESSURE_PERCENT", default_value_t = crate::node::conditions::DISK_AVAILABLE_MIN_PERCENT,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub disk_pressure_percent: u8,
+    /// The cluster DNS service's address(es), for pods with dnsPolicy ClusterFirst.
+    #[arg(long, env = "HPK_CLUSTER_DNS", value_delimiter = ',')]
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster's DNS domain.
+    #[arg(long, env = "HPK_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// The resolver configuration pods with dnsPolicy Default get.
+    #[arg(long, env = "HPK_RESOLV_CONF", default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
+    /// Serve the kubelet's diagnostics (`hpk.kubelet.v1`) on this UNIX socket; by default
+    /// `<root-dir>/kubelet.sock`.
+    #[arg(long, env = "HPK_KUBELET_DIAGNOSTICS_SOCKET")]
+    pub diagnostics_socket: Option<PathBuf>,
+}
+
+impl KubeletArgs {
+    /// The node's name: the flag, else the host's name in lower case.
+    pub fn node_name(&self) -> Result<String, String> {
+        let name = match &self.node_name {
+            Some(name) => name.clone(),
+            None => nix::unistd::gethostname()
+                .map_err(|e| format!("reading the hostname: {e}"))?
+                .to_string_lossy()
+                .to_lowercase(),
+        };
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            });
+        if valid { Ok(name) } else { Err(format!("node name {name:?} is not a DNS-1123 subdomain")) }
+    }
+
+    /// Where pod logs go.
+    pub fn pod_logs_dir(&self) -> PathBuf {
+        self.pod_logs_dir.clone().unwrap_or_else(|| self.root_dir.join("pod-logs"))
+    }
+
+    /// The diagnostics socket.
+    pub fn diagnostics_socket(&self) -> PathBuf {
+        self.diagnostics_socket.clone().unwrap_or_else(|| self.root_dir.join("kubelet.sock"))
+    }
+}
+
+/// Parses `KEY[=VALUE]:EFFECT` as kubectl taint does.
+pub fn parse_taint(text: &str) -> Result<Taint, String> {
+    let (kv, effect) =
+        text.rsplit_once(':').ok_or_else(|| format!("taint {text:?}: expected KEY[=VALUE]:EFFECT"))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(format!("taint {text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"));
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_owned())),
+        None => (kv, None),
+    };
+    let key_ok = !key.is_empty()
+        && key.len() <= 316
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if !key_ok {
+        return Err(format!("taint {text:?}: invalid key {key:?}"));
+    }
+    Ok(Taint { key: key.to_owned(), value, effect: effect.to_owned(), time_added: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taints_parse_like_kubectls() {
+        let t = parse_taint("hpk.io/virtual=true:NoSchedule").expect("taint");
+        assert_eq!(
+            (t.key.as_str(), t.value.as_deref(), t.effect.as_str()),
+            ("hpk.io/virtual", Some("true"), "NoSchedule")
+        );
+        let t = parse_taint("dedicated:NoExecute").expect("taint");
+        assert_eq!((t.key.as_str(), t.value, t.effect.as_str()), ("dedicated", None, "NoExecute"));
+        assert!(parse_taint("x=y").is_err(), "no effect");
+        assert!(parse_taint("x=y:Sometimes").is_err(), "unknown effect");
+        assert!(parse_taint("=y:NoSchedule").is_err(), "empty key");
+    }
+}

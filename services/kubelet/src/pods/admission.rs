@@ -1,0 +1,198 @@
+//! Admission: a pod's requests counted against the node's allocatable, as the kubelet does for
+//! pods bound without the scheduler (by nodeName). A pod that does not fit is rejected with
+//! OutOfcpu / OutOfmemory / OutOfpods, never left Pending without a word.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::quantity;
+
+/// CPU and memory one pod asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Millicores.
+    pub millicpu: i64,
+    /// Bytes.
+    pub memory: i64,
+    /// GPUs (`nvidia.com/gpu`).
+    pub gpus: i64,
+}
+
+/// The pod's effective requests: the larger of the sum over its containers and the largest
+/// init container (init containers run one at a time), plus its overhead.
+pub fn requests(pod: &Pod) -> Result<Requests, String> {
+    let Some(spec) = pod.spec.as_ref() else { return Ok(Requests::default()) };
+    let of = |c: &k8s_openapi::api::core::v1::Container| -> Result<Requests, String> {
+        let r = c.resources.as_ref();
+        let pick = |name: &str| {
+            r.and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)))
+                .or_else(|| r.and_then(|r| r.limits.as_ref().and_then(|m| m.get(name))))
+        };
+        let bad = |name: &str, e: quantity::InvalidQuantity| format!("container {}: {name}: {e}", c.name);
+        Ok(Requests {
+            millicpu: pick("cpu")
+                .map(quantity::millicores)
+                .transpose()
+                .map_err(|e| bad("cpu", e))?
+                .unwrap_or(0),
+            memory: pick("memory")
+                .map(quantity::units)
+                .transpose()
+                .map_err(|e| bad("memory", e))?
+                .unwrap_or(0),
+            gpus: pick("nvidia.com/gpu")
+                .map(quantity::units)
+                .transpose()
+                .map_err(|e| bad("nvidia.com/gpu", e))?
+                .unwrap_or(0),
+        })
+    };
+    let mut sum = Requests::default();
+    for c in &spec.containers {
+        let r = of(c)?;
+        sum.millicpu = sum.millicpu.saturating_add(r.millicpu);
+        sum.memory = sum.memory.saturating_add(r.memory);
+        sum.gpus = sum.gpus.saturating_add(r.gpus);
+    }
+    for c in spec.init_containers.iter().flatten() {
+        let r = of(c)?;
+        sum.millicpu = sum.millicpu.max(r.millicpu);
+        sum.memory = sum.memory.max(r.memory);
+        sum.gpus = sum.gpus.max(r.gpus);
+    }
+    for (name, q) in spec.overhead.iter().flatten() {
+        match name.as_str() {
+            "cpu" => {
+                sum.millicpu =
+                    sum.millicpu.saturating_add(quantity::millicores(q).map_err(|e| e.to_string())?)
+            }
+            "memory" => {
+                sum.memory = sum.memory.saturating_add(quantity::units(q).map_err(|e| e.to_string())?)
+            }
+            _ => {}
+        }
+    }
+    Ok(sum)
+}
+
+/// What the node can give.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Allocatable {
+    /// Millicores.
+    pub millicpu: i64,
+    /// Bytes.
+    pub memory: i64,
+    /// GPUs.
+    pub gpus: i64,
+    /// Pods.
+    pub pods: i64,
+}
+
+/// The pods admitted on this node and what they asked for.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    pods: HashMap<String, Requests>,
+}
+
+impl Admitted {
+    /// Admits pod `uid` asking `req` if it fits in `alloc` beside the others; otherwise the
+    /// reason (OutOfcpu …) and message of the rejection.
+    pub fn admit(&mut self, uid: &str, req: Requests, alloc: Allocatable) -> Result<(), (String, String)> {
+        if self.pods.contains_key(uid) {
+            return Ok(());
+        }
+        let used = self.used();
+        let count = i64::try_from(self.pods.len()).unwrap_or(i64::MAX);
+        let checks = [
+            ("pods", 1, count, alloc.pods),
+            ("cpu", req.millicpu, used.millicpu, alloc.millicpu),
+            ("memory", req.memory, used.memory, alloc.memory),
+            ("nvidia.com/gpu", req.gpus, used.gpus, alloc.gpus),
+        ];
+        for (name, asked, in_use, capacity) in checks {
+            if asked > 0 && asked.saturating_add(in_use) > capacity {
+                let reason = match name {
+                    "nvidia.com/gpu" => "UnexpectedAdmissionError".to_owned(),
+                    other => format!("OutOf{other}"),
+                };
+                return Err((
+                    reason,
+                    format!(
+                        "Pod was rejected: Node didn't have enough resource: {name}, requested: {asked}, used: {in_use}, capacity: {capacity}"
+                    ),
+                ));
+            }
+        }
+        self.pods.insert(uid.to_owned(), req);
+        Ok(())
+    }
+
+    /// Records a pod that already runs (adopted after a restart), fitting or not.
+    pub fn adopt(&mut self, uid: &str, req: Requests) {
+        self.pods.insert(uid.to_owned(), req);
+    }
+
+    /// Forgets pod `uid`.
+    pub fn release(&mut self, uid: &str) {
+        self.pods.remove(uid);
+    }
+
+    /// The sum of the admitted pods' requests.
+    pub fn used(&self) -> Requests {
+        self.pods.values().fold(Requests::default(), |a, r| Requests {
+            millicpu: a.millicpu.saturating_add(r.millicpu),
+            memory: a.memory.saturating_add(r.memory),
+            gpus: a.gpus.saturating_add(r.gpus),
+        })
+    }
+
+    /// How many pods are admitted.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cpu: &str, init_cpu: Option<&str>) -> Pod {
+        let mut spec = serde_json::json!({"containers": [
+            {"name": "a", "image": "i", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}},
+            {"name": "b", "image": "i", "resources": {"limits": {"cpu": "100m"}}}
+        ]});
+        if let Some(c) = init_cpu {
+            spec["initContainers"] =
+                serde_json::json!([{"name": "i", "image": "i", "resources": {"requests": {"cpu": c}}}]);
+        }
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec})).expect("pod")
+    }
+
+    #[test]
+    fn requests_sum_containers_and_take_the_larger_init() {
+        assert_eq!(requests(&pod("500m", None)), Ok(Requests { millicpu: 600, memory: 64 << 20, gpus: 0 }));
+        assert_eq!(requests(&pod("500m", Some("2"))).map(|r| r.millicpu), Ok(2000));
+        assert!(requests(&pod("lots", None)).expect_err("bad quantity").contains("container a: cpu"));
+    }
+
+    #[test]
+    fn a_pod_that_does_not_fit_is_rejected_with_the_kubelets_reason() {
+        let alloc = Allocatable { millicpu: 2000, memory: 1 << 30, gpus: 0, pods: 2 };
+        let mut admitted = Admitted::default();
+        let r = Requests { millicpu: 1500, memory: 0, gpus: 0 };
+        admitted.admit("1", r, alloc).expect("fits");
+        let (reason, message) = admitted.admit("2", r, alloc).expect_err("cpu");
+        assert_eq!(reason, "OutOfcpu");
+        assert!(message.contains("requested: 1500, used: 1500, capacity: 2000"), "{message}");
+        admitted.admit("3", Requests::default(), alloc).expect("fits: no requests");
+        assert_eq!(admitted.admit("4", Requests::default(), alloc).expect_err("pods").0, "OutOfpods");
+        admitted.release("1");
+        admitted.admit("2", r, alloc).expect("fits after release");
+    }
+}

@@ -1,0 +1,200 @@
+//! The pods bound to this node: a watch of `spec.nodeName=<node>` starts one worker per pod
+//! and forwards changes; the runtime's container events wake the worker of their pod; at start,
+//! what the runtime still runs is handed to the workers of those pods (adoption), and sandboxes
+//! of pods deleted while the kubelet was away are removed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::worker::{self, Msg};
+use super::{Adopted, Context, key};
+
+/// The kubelet's pods until `shutdown`; pods keep running when it ends.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), tonic::Status> {
+    let mut adopted = list_runtime(&ctx).await?;
+    tracing::info!(pods = adopted.len(), "runtime listed");
+    let workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>> = Arc::default();
+    tokio::spawn(forward_runtime_events(ctx.clone(), workers.clone(), shutdown.clone()));
+
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
+    let mut stream = watcher::watcher(pods, config).default_backoff().boxed();
+    // UIDs seen in the current (re)list; workers of pods missing from it are told Deleted.
+    let mut listing: Option<HashSet<String>> = None;
+    let mut first_list_done = false;
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => break,
+            event = stream.next() => event,
+        };
+        let Some(event) = event else { break };
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                // The watcher backs off and retries; pods keep running meanwhile.
+                tracing::warn!(%error, "pod watch interrupted");
+                continue;
+            }
+        };
+        let mut workers = workers.lock().await;
+        workers.retain(|_, tx| !tx.is_closed());
+        match event {
+            Event::Init => listing = Some(HashSet::new()),
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if let Some(seen) = listing.as_mut() {
+                    seen.insert(uid.clone());
+                }
+                let pod = Arc::new(pod);
+                if let Some(tx) = workers.get(&uid) {
+                    let _ = tx.send(Msg::Update(pod));
+                } else if pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|p| p == "Succeeded" || p == "Failed")
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && !adopted.contains_key(&uid)
+                {
+                    // A finished pod the kubelet already reported: nothing to run.
+                } else {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let found = adopted.remove(&uid);
+                    tracing::info!(pod = %key(&pod), uid = %uid, adopted = found.is_some(), "pod worker started");
+                    tokio::spawn(worker::run(ctx.clone(), pod, found, rx));
+                    workers.insert(uid, tx);
+                }
+            }
+            Event::Delete(pod) => {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if let Some(tx) = workers.remove(&uid) {
+                    let _ = tx.send(Msg::Deleted);
+                }
+            }
+            Event::InitDone => {
+                if let Some(seen) = listing.take() {
+                    for (uid, tx) in workers.iter() {
+                        if !seen.contains(uid) {
+                            let _ = tx.send(Msg::Deleted);
+                        }
+                    }
+                }
+                if !first_list_done {
+                    first_list_done = true;
+                    // Pods deleted from the API while the kubelet was away.
+                    for (uid, orphan) in adopted.drain() {
+                        remove_orphan(&ctx, &uid, orphan).await;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sandboxes and containers the runtime has, by pod UID.
+async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, tonic::Status> {
+    let mut runtime = ctx.cri.runtime.clone();
+    let sandboxes =
+        runtime.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
+    let containers =
+        runtime.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
+    let mut by_uid: HashMap<String, Adopted> = HashMap::new();
+    let mut uid_of_sandbox = HashMap::new();
+    for sandbox in sandboxes {
+        let uid = sandbox.metadata.as_ref().map(|m| m.uid.clone()).unwrap_or_default();
+        uid_of_sandbox.insert(sandbox.id.clone(), uid.clone());
+        by_uid.entry(uid).or_default().sandboxes.push(sandbox);
+    }
+    for container in containers {
+        if let Some(uid) = uid_of_sandbox.get(&container.pod_sandbox_id) {
+            by_uid.entry(uid.clone()).or_default().containers.push(container);
+        }
+    }
+    for adopted in by_uid.values_mut() {
+        adopted.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+    }
+    Ok(by_uid)
+}
+
+/// Removes what is left of a pod the API no longer has.
+async fn remove_orphan(ctx: &Context, uid: &str, orphan: Adopted) {
+    let mut runtime = ctx.cri.runtime.clone();
+    for sandbox in orphan.sandboxes {
+        tracing::info!(uid = %uid, sandbox = %sandbox.id, "removing the sandbox of a deleted pod");
+        let _ =
+            runtime.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() }).await;
+        if let Err(status) =
+            runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.id }).await
+        {
+            tracing::warn!(uid = %uid, error = %status.message(), "removing an orphaned sandbox failed");
+        }
+    }
+    if let Err(error) = crate::volumes::remove(&ctx.pod_dir(uid)) {
+        tracing::warn!(uid = %uid, %error, "removing an orphaned pod's volumes failed");
+    }
+}
+
+/// Wakes the worker of the pod each container event is about; after the stream breaks (the
+/// runtime restarted, or this subscriber fell behind), every worker reads its states again.
+async fn forward_runtime_events(
+    ctx: Arc<Context>,
+    workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>>,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let mut runtime = ctx.cri.runtime.clone();
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            answer = runtime.get_container_events(cri::GetEventsRequest {}) => answer,
+        };
+        match stream {
+            Ok(stream) => {
+                delay = Duration::from_millis(100);
+                // Whatever happened while no stream was open.
+                for tx in workers.lock().await.values() {
+                    let _ = tx.send(Msg::Runtime);
+                }
+                let mut stream = stream.into_inner();
+                loop {
+                    let event = tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        event = stream.message() => event,
+                    };
+                    match event {
+                        Ok(Some(event)) => {
+                            let uid = event.pod_sandbox_status.and_then(|s| s.metadata).map(|m| m.uid);
+                            if let Some(uid) = uid
+                                && let Some(tx) = workers.lock().await.get(&uid)
+                            {
+                                let _ = tx.send(Msg::Runtime);
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::warn!(error = %status.message(), "runtime event stream broke");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => tracing::warn!(error = %status.message(), "runtime events unavailable"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,83 @@
+//! The pods bound to this node: one worker (a typed state machine, `worker.rs`) per pod,
+//! created from a watch of `spec.nodeName=<node>`, fed the runtime's container events, and
+//! re-adopting what the runtime still runs after a restart (`manager.rs`).
+
+pub mod admission;
+pub mod backoff;
+mod containers;
+pub mod manager;
+pub mod pull;
+pub mod record;
+pub mod status;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use hpk_proto::kubelet::v1 as diag;
+use tokio::sync::watch;
+
+use crate::cri::Cri;
+use crate::events::Events;
+use crate::node::NodeState;
+use crate::objects::ApiObjects;
+use crate::spec::DnsSettings;
+
+/// What every pod worker shares.
+pub struct Context {
+    /// The API as the node.
+    pub client: kube::Client,
+    /// The runtime.
+    pub cri: Cri,
+    /// ConfigMaps, Secrets, tokens … as the node.
+    pub objects: ApiObjects,
+    /// Events to the API.
+    pub events: Events,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's address (status.hostIP).
+    pub host_ip: String,
+    /// `<root>/pods/<uid>`: each pod's volumes and /etc/hosts.
+    pub pods_dir: PathBuf,
+    /// Where containers' logs go.
+    pub logs_dir: PathBuf,
+    /// DNS for pods.
+    pub dns: DnsSettings,
+    /// The node's state (allocatable, readiness).
+    pub node: watch::Receiver<NodeState>,
+    /// Requests of the admitted pods.
+    pub admitted: Mutex<admission::Admitted>,
+    /// Each pod's summary, for the diagnostics service, by UID.
+    pub summaries: Mutex<BTreeMap<String, diag::PodSummary>>,
+}
+
+impl Context {
+    /// A pod's directory.
+    pub fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.pods_dir.join(uid)
+    }
+}
+
+/// Locks a mutex, recovering the data if a holder panicked (nothing here leaves it torn).
+pub fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The `namespace/name` of a pod, for logs.
+pub fn key(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// Runtime objects of one pod found at start: what a previous kubelet left running.
+#[derive(Clone, Debug, Default)]
+pub struct Adopted {
+    /// Its sandboxes, newest first.
+    pub sandboxes: Vec<k8s_cri::v1::PodSandbox>,
+    /// Its containers.
+    pub containers: Vec<k8s_cri::v1::Container>,
+}

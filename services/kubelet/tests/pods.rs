@@ -1,0 +1,463 @@
+//! The kubelet against the real control plane, the real pod-runtime (crun) and the real
+//! net-forwarder: a table of manifests, each checked by what `kubectl get` shows for its pods
+//! and the events `kubectl get events` lists. Bad input is in the table too: every such pod
+//! gets a clear status and events while the other pods keep running.
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use support::{Cluster, eventually};
+
+/// `kubectl get pod NAME` columns: (READY, STATUS, RESTARTS).
+fn kubectl_row(c: &Cluster, name: &str) -> Option<(String, String, u32)> {
+    let out = c.cp.kubectl().args(["get", "pod", name, "--no-headers"]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let cols: Vec<&str> = text.split_whitespace().collect();
+    if cols.len() < 4 {
+        return None;
+    }
+    Some((cols[1].to_owned(), cols[2].to_owned(), cols[3].parse().ok()?))
+}
+
+/// The reasons of the events about object `name`, as `kubectl get events` lists them.
+fn event_reasons(c: &Cluster, name: &str) -> Vec<String> {
+    let out = c.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+        "-o",
+        "json",
+    ]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn event_messages(c: &Cluster, name: &str, reason: &str) -> Vec<String> {
+    let out = c.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name},reason={reason}"),
+        "-o",
+        "json",
+    ]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["message"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn has_events(c: &Cluster, name: &str, reasons: &[&str]) {
+    eventually(c, &format!("events {reasons:?} for {name}"), Duration::from_secs(30), || async {
+        let seen = event_reasons(c, name);
+        reasons.iter().all(|r| seen.iter().any(|s| s == r)).then_some(())
+    })
+    .await;
+}
+
+async fn status_is(c: &Cluster, name: &str, status: &str, within: Duration) -> (String, String, u32) {
+    eventually(c, &format!("pod {name} shows {status}"), within, || async {
+        kubectl_row(c, name).filter(|(_, s, _)| s == status)
+    })
+    .await
+}
+
+async fn pod(c: &Cluster, name: &str) -> Pod {
+    c.pods("default").get(name).await.expect("pod")
+}
+
+fn pod_manifest(name: &str, body: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{body}")
+}
+
+type Case<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
+    let Some(c) = Cluster::start().await else { return };
+    let c = &c;
+    let shell = c.shell.clone();
+    let httpd = c.httpd.clone();
+    let hostdir = c.dir.path().join("hostpath");
+    std::fs::create_dir_all(&hostdir).expect("hostpath dir");
+    let hostdir = hostdir.display().to_string();
+    let missing = format!("{}/hpk/missing:v1", c.registry.host_port());
+
+    let manifests = [
+        // Objects the pods refer to.
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  key: one\n".to_owned(),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: sec\ndata:\n  key: c2VjcmV0\n".to_owned(),
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 3\n  selector:\n    matchLabels: {{app: web}}\n  template:\n    metadata:\n      labels: {{app: web}}\n    spec:\n      containers:\n      - name: httpd\n        image: {httpd}\n        readinessProbe:\n          httpGet: {{path: /, port: 8080}}\n          periodSeconds: 1\n"
+        ),
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: done\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        image: {shell}\n        command: [sh, -c, 'echo finished']\n"
+        ),
+        pod_manifest(
+            "crash",
+            &format!(
+                "  restartPolicy: OnFailure\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'exit 1']\n"
+            ),
+        ),
+        pod_manifest(
+            "init-fail",
+            &format!(
+                "  restartPolicy: Never\n  initContainers:\n  - name: setup\n    image: {shell}\n    command: [sh, -c, 'exit 3']\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
+            ),
+        ),
+        pod_manifest(
+            "liveness",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'touch /tmp/ok; sleep 3; rm /tmp/ok; sleep 600']\n    livenessProbe:\n      exec: {{command: [cat, /tmp/ok]}}\n      periodSeconds: 1\n      failureThreshold: 1\n  terminationGracePeriodSeconds: 1\n"
+            ),
+        ),
+        pod_manifest(
+            "readiness",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'sleep 2; touch /tmp/ready; sleep 6; rm /tmp/ready; sleep 600']\n    readinessProbe:\n      exec: {{command: [cat, /tmp/ready]}}\n      periodSeconds: 1\n"
+            ),
+        ),
+        pod_manifest(
+            "env-ip",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'echo ip=$MY_IP; sleep 600']\n    env:\n    - name: MY_IP\n      valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}\n"
+            ),
+        ),
+        pod_manifest(
+            "cm-watch",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'while true; do echo v=$(cat /etc/cfg/key); sleep 1; done']\n    volumeMounts: [{{name: cfg, mountPath: /etc/cfg}}]\n  volumes:\n  - name: cfg\n    configMap: {{name: cfg}}\n"
+            ),
+        ),
+        pod_manifest(
+            "shared",
+            &format!(
+                "  containers:\n  - name: writer\n    image: {shell}\n    command: [sh, -c, 'echo hello > /data/x; sleep 600']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  - name: reader\n    image: {shell}\n    command: [sh, -c, 'until cat /data/x; do sleep 0.2; done; sleep 600']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - name: data\n    emptyDir: {{}}\n"
+            ),
+        ),
+        pod_manifest(
+            "secret-mode",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'stat -L -c mode=%a /etc/secret/key; cat /etc/secret/key; echo; sleep 600']\n    volumeMounts: [{{name: s, mountPath: /etc/secret}}]\n  volumes:\n  - name: s\n    secret: {{secretName: sec, defaultMode: 0400}}\n"
+            ),
+        ),
+        pod_manifest(
+            "prestop",
+            &format!(
+                "  terminationGracePeriodSeconds: 10\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'trap \"echo term > /data/term; exit 0\" TERM; while true; do sleep 1; done']\n    lifecycle:\n      preStop:\n        exec: {{command: [sh, -c, 'echo pre > /data/pre']}}\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - name: data\n    hostPath: {{path: {hostdir}/prestop, type: DirectoryOrCreate}}\n"
+            ),
+        ),
+        pod_manifest("no-image", &format!("  containers:\n  - name: main\n    image: {missing}\n")),
+        pod_manifest(
+            "too-big",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    resources:\n      requests: {{cpu: '1000'}}\n"
+            ),
+        ),
+        // Bad input.
+        pod_manifest(
+            "no-configmap",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - name: v\n    configMap: {{name: nowhere}}\n"
+            ),
+        ),
+        pod_manifest(
+            "wrong-hostpath",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - name: v\n    hostPath: {{path: /etc/hostname, type: Directory}}\n"
+            ),
+        ),
+        pod_manifest(
+            "no-pvc",
+            &format!(
+                "  nodeName: node1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - name: v\n    persistentVolumeClaim: {{claimName: nowhere}}\n"
+            ),
+        ),
+        pod_manifest(
+            "missing-key",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    env:\n    - name: X\n      valueFrom: {{configMapKeyRef: {{name: cfg, key: nope}}}}\n"
+            ),
+        ),
+        pod_manifest(
+            "absurd",
+            &format!(
+                "  nodeName: node1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    resources:\n      requests: {{cpu: '100000', memory: 1Ei}}\n"
+            ),
+        ),
+    ];
+    c.apply(&manifests.join("---\n"));
+
+    let long = Duration::from_secs(90);
+    let cases: Vec<(&str, Case<'_>)> = vec![
+        (
+            "a Deployment of 3 replicas runs and is Ready",
+            Box::pin(async {
+                let pods = eventually(c, "3 web pods Ready", long, || async {
+                    let list = c.pods("default").list(&ListParams::default().labels("app=web")).await.ok()?;
+                    let names: Vec<String> =
+                        list.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
+                    let ready = names
+                        .iter()
+                        .filter(|n| kubectl_row(c, n).is_some_and(|(r, s, _)| r == "1/1" && s == "Running"))
+                        .count();
+                    (names.len() == 3 && ready == 3).then_some(names)
+                })
+                .await;
+                has_events(c, &pods[0], &["Scheduled", "Pulled", "Created", "Started"]).await;
+            }),
+        ),
+        (
+            "a Job completes",
+            Box::pin(async {
+                eventually(c, "job done succeeded", long, || async {
+                    let out = c.kubectl(&["get", "job", "done", "-o", "jsonpath={.status.succeeded}"]);
+                    (out.trim() == "1").then_some(())
+                })
+                .await;
+                let list = c
+                    .pods("default")
+                    .list(&ListParams::default().labels("job-name=done"))
+                    .await
+                    .expect("pods");
+                let name = list.items[0].metadata.name.clone().expect("name");
+                status_is(c, &name, "Completed", long).await;
+            }),
+        ),
+        (
+            "OnFailure with exit 1 backs off: CrashLoopBackOff, growing delay, restarts counted",
+            Box::pin(async {
+                let (_, _, restarts) = status_is(c, "crash", "CrashLoopBackOff", long).await;
+                assert!(restarts >= 1, "restarts {restarts}");
+                eventually(c, "crash waits 20 s after its second failure", long, || async {
+                    let p = pod(c, "crash").await;
+                    let cs = p.status?.container_statuses?.into_iter().next()?;
+                    let msg = cs.state?.waiting?.message?;
+                    (msg.contains("back-off 20s") && cs.restart_count >= 2).then_some(())
+                })
+                .await;
+                let p = pod(c, "crash").await;
+                let last = p
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .and_then(|cs| cs.into_iter().next())
+                    .and_then(|cs| cs.last_state)
+                    .and_then(|s| s.terminated)
+                    .expect("lastState");
+                assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
+                has_events(c, "crash", &["BackOff", "Started"]).await;
+            }),
+        ),
+        (
+            "a failing init container shows Init:Error",
+            Box::pin(async {
+                status_is(c, "init-fail", "Init:Error", long).await;
+                let p = pod(c, "init-fail").await;
+                assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Failed"));
+                has_events(c, "init-fail", &["Started"]).await;
+            }),
+        ),
+        (
+            "a failing liveness probe restarts the container",
+            Box::pin(async {
+                eventually(c, "liveness restarted", long, || async {
+                    kubectl_row(c, "liveness").filter(|(_, _, r)| *r >= 1)
+                })
+                .await;
+                has_events(c, "liveness", &["Unhealthy", "Killing"]).await;
+            }),
+        ),
+        (
+            "a readiness probe flips Ready",
+            Box::pin(async {
+                eventually(c, "readiness 1/1", long, || async {
+                    kubectl_row(c, "readiness").filter(|(r, _, _)| r == "1/1")
+                })
+                .await;
+                eventually(c, "readiness 0/1 again", Duration::from_secs(30), || async {
+                    kubectl_row(c, "readiness").filter(|(r, s, _)| r == "0/1" && s == "Running")
+                })
+                .await;
+                has_events(c, "readiness", &["Unhealthy"]).await;
+            }),
+        ),
+        (
+            "env status.podIP is the pod's IP",
+            Box::pin(async {
+                status_is(c, "env-ip", "Running", long).await;
+                let p = pod(c, "env-ip").await;
+                let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("podIP");
+                assert!(ip.starts_with("10.244."), "pod IP {ip} from the node's pod CIDR");
+                eventually(c, "env-ip logs its IP", Duration::from_secs(20), || async {
+                    c.container_log(&p, "main").contains(&format!("ip={ip}")).then_some(())
+                })
+                .await;
+            }),
+        ),
+        (
+            "a configMap volume follows updates within a minute",
+            Box::pin(async {
+                status_is(c, "cm-watch", "Running", long).await;
+                let p = pod(c, "cm-watch").await;
+                eventually(c, "cm-watch reads one", Duration::from_secs(20), || async {
+                    c.container_log(&p, "main").contains("v=one").then_some(())
+                })
+                .await;
+                let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                    kube::Api::namespaced(c.admin.clone(), "default");
+                cms.patch(
+                    "cfg",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"data": {"key": "two"}})),
+                )
+                .await
+                .expect("patch");
+                eventually(c, "cm-watch reads two", Duration::from_secs(60), || async {
+                    c.container_log(&p, "main").contains("v=two").then_some(())
+                })
+                .await;
+            }),
+        ),
+        (
+            "an emptyDir is shared by two containers",
+            Box::pin(async {
+                status_is(c, "shared", "Running", long).await;
+                let p = pod(c, "shared").await;
+                eventually(c, "reader sees hello", Duration::from_secs(20), || async {
+                    c.container_log(&p, "reader").contains("hello").then_some(())
+                })
+                .await;
+            }),
+        ),
+        (
+            "a secret's defaultMode is honoured",
+            Box::pin(async {
+                status_is(c, "secret-mode", "Running", long).await;
+                let p = pod(c, "secret-mode").await;
+                let log = eventually(c, "secret-mode logs", Duration::from_secs(20), || async {
+                    let log = c.container_log(&p, "main");
+                    log.contains("secret").then_some(log)
+                })
+                .await;
+                assert!(log.contains("mode=400"), "{log}");
+            }),
+        ),
+        (
+            "preStop runs and SIGTERM arrives on delete, the pod is gone within its grace period",
+            Box::pin(async {
+                status_is(c, "prestop", "Running", long).await;
+                // The shell must have set its trap.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let started = std::time::Instant::now();
+                c.kubectl(&["delete", "pod", "prestop", "--wait=false"]);
+                eventually(c, "prestop gone", Duration::from_secs(15), || async {
+                    c.pods("default").get_opt("prestop").await.ok().and_then(|p| p.is_none().then_some(()))
+                })
+                .await;
+                assert!(started.elapsed() < Duration::from_secs(12), "gone after {:?}", started.elapsed());
+                let dir = std::path::Path::new(&hostdir).join("prestop");
+                assert_eq!(
+                    std::fs::read_to_string(dir.join("pre")).unwrap_or_default().trim(),
+                    "pre",
+                    "preStop ran"
+                );
+                assert_eq!(
+                    std::fs::read_to_string(dir.join("term")).unwrap_or_default().trim(),
+                    "term",
+                    "SIGTERM arrived"
+                );
+                has_events(c, "prestop", &["Killing"]).await;
+            }),
+        ),
+        (
+            "a missing image: ErrImagePull, then ImagePullBackOff",
+            Box::pin(async {
+                status_is(c, "no-image", "ErrImagePull", long).await;
+                status_is(c, "no-image", "ImagePullBackOff", long).await;
+                has_events(c, "no-image", &["Pulling", "Failed", "BackOff"]).await;
+            }),
+        ),
+        (
+            "a pod asking more CPU than allocatable stays Pending",
+            Box::pin(async {
+                has_events(c, "too-big", &["FailedScheduling"]).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                assert_eq!(kubectl_row(c, "too-big").map(|r| r.1).as_deref(), Some("Pending"));
+            }),
+        ),
+        (
+            "a missing configMap volume: FailedMount, nothing started",
+            Box::pin(async {
+                has_events(c, "no-configmap", &["FailedMount"]).await;
+                let m = event_messages(c, "no-configmap", "FailedMount");
+                assert!(m.iter().any(|m| m.contains("nowhere")), "{m:?}");
+                assert_eq!(kubectl_row(c, "no-configmap").map(|r| r.1).as_deref(), Some("ContainerCreating"));
+            }),
+        ),
+        (
+            "a hostPath of the wrong type: FailedMount naming the type",
+            Box::pin(async {
+                has_events(c, "wrong-hostpath", &["FailedMount"]).await;
+                let m = event_messages(c, "wrong-hostpath", "FailedMount");
+                assert!(m.iter().any(|m| m.contains("/etc/hostname") && m.contains("Directory")), "{m:?}");
+            }),
+        ),
+        (
+            "a missing PVC: FailedMount",
+            Box::pin(async {
+                has_events(c, "no-pvc", &["FailedMount"]).await;
+                let m = event_messages(c, "no-pvc", "FailedMount");
+                assert!(m.iter().any(|m| m.contains("nowhere")), "{m:?}");
+            }),
+        ),
+        (
+            "an env reference to a missing key: CreateContainerConfigError",
+            Box::pin(async {
+                status_is(c, "missing-key", "CreateContainerConfigError", long).await;
+                let p = pod(c, "missing-key").await;
+                let msg = p
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .and_then(|cs| cs.into_iter().next())
+                    .and_then(|cs| cs.state?.waiting?.message)
+                    .unwrap_or_default();
+                assert!(msg.contains("nope") && msg.contains("cfg"), "{msg}");
+            }),
+        ),
+        (
+            "an absurd request bound by nodeName is rejected: OutOfcpu",
+            Box::pin(async {
+                status_is(c, "absurd", "OutOfcpu", long).await;
+                let p = pod(c, "absurd").await;
+                assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Failed"));
+                has_events(c, "absurd", &["OutOfcpu"]).await;
+            }),
+        ),
+    ];
+    let (names, futures): (Vec<&str>, Vec<Case<'_>>) = cases.into_iter().unzip();
+    let started = std::time::Instant::now();
+    futures_util::future::join_all(futures).await;
+    eprintln!("{} cases passed in {:?}: {names:#?}", names.len(), started.elapsed());
+
+    // The kubelet served through all of it, and never panicked.
+    let pid = c.node.kubelet.as_ref().map(|k| k.pid()).expect("kubelet");
+    let alive =
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")), None).is_ok();
+    assert!(alive, "kubelet alive\n{}", c.node.logs());
+    let log = std::fs::read_to_string(c.node.dir.join("kubelet-1.log")).unwrap_or_default();
+    assert!(!log.contains("panicked"), "the kubelet panicked:\n{log}");
+}

@@ -1,0 +1,322 @@
+//! A real node for the kubelet's tests: the upstream control plane (hpk-integration), a local
+//! registry with the busybox images, and on test host `node1` (its own network namespace) the
+//! real hpk-net-forwarder, hpk-pod-runtime (crun) and hpk-kubelet, each a process of its own.
+#![allow(dead_code, missing_docs)] // each test binary uses a different part
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hpk_integration::controlplane::{ControlPlane, client_from_kubeconfig};
+use hpk_integration::process::Process;
+use hpk_integration::registry::{Client, Registry};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+
+pub const KUBELET: &str = env!("CARGO_BIN_EXE_hpk-kubelet");
+pub const NODE: &str = "node1";
+
+/// A binary built beside the kubelet (`cargo test --workspace` builds them all).
+pub fn sibling(name: &str) -> PathBuf {
+    let path = Path::new(KUBELET).with_file_name(name);
+    assert!(path.is_file(), "{} is missing: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+/// Whether the tools the node needs are present; prints why not, or fails under
+/// HPK_REQUIRE_TOOLS=1.
+pub fn tools_present() -> bool {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    let mut missing: Vec<&str> =
+        ["crun", "docker-registry", "ip", "nsenter", "crictl"].into_iter().filter(|t| !on_path(t)).collect();
+    if !Path::new("/bin/busybox").is_file() {
+        missing.push("busybox-static");
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
+    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
+    false
+}
+
+/// The cluster with one HPK node.
+pub struct Cluster {
+    // Field order is drop order: the node's processes before the registry and control plane.
+    pub node: NodeProcesses,
+    pub registry: Registry,
+    pub shell: String,
+    pub httpd: String,
+    pub admin: kube::Client,
+    pub cp: ControlPlane,
+    pub dir: tempfile::TempDir,
+}
+
+/// net-forwarder, runtime and kubelet on `node1`.
+pub struct NodeProcesses {
+    pub kubelet: Option<Process>,
+    pub runtime: Option<Process>,
+    pub net_forwarder: Option<Process>,
+    pub runtime_socket: PathBuf,
+    pub kubelet_args: Vec<String>,
+    pub dir: PathBuf,
+    /// When the kubelet was last started.
+    pub kubelet_started: Option<Instant>,
+}
+
+impl Drop for NodeProcesses {
+    fn drop(&mut self) {
+        // The kubelet first (it would re-create what we remove), then every pod, then the rest.
+        self.kubelet.take();
+        let endpoint = format!("unix://{}", self.runtime_socket.display());
+        let crictl = |args: &[&str]| {
+            let _ = Command::new("crictl")
+                .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"])
+                .args(args)
+                .output();
+        };
+        if self.runtime.is_some() {
+            crictl(&["stopp", "--all"]);
+            crictl(&["rmp", "--all", "--force"]);
+        }
+        self.runtime.take();
+        self.net_forwarder.take();
+    }
+}
+
+impl Cluster {
+    /// Starts everything and waits until node1 is Ready; `None` (skipped, with the reason
+    /// printed) when a prerequisite is missing.
+    pub async fn start() -> Option<Self> {
+        if !tools_present() {
+            return None;
+        }
+        let cp = hpk_integration::skip_unless_available(ControlPlane::start(&[NODE]).await)?;
+        let admin = cp.admin_client().await.expect("admin client");
+        // Kubernetes 1.35 lets a node read only its own Node; the net-forwarder needs them all.
+        let (role, binding) = hpk_net_forwarder::nodes::peer_reader_rbac();
+        let pp = kube::api::PostParams::default();
+        Api::all(admin.clone()).create(&pp, &role).await.expect("clusterrole");
+        Api::all(admin.clone()).create(&pp, &binding).await.expect("clusterrolebinding");
+        let registry = Registry::start(IpAddr::V4(cp.network().gateway()), None).await.expect("registry");
+        let client = Client::new(&registry.url()).expect("registry client");
+        client
+            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
+            .await
+            .expect("push");
+        client
+            .push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image"))
+            .await
+            .expect("push");
+        let shell = format!("{}/hpk/shell:v1", registry.host_port());
+        let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
+        let dir = tempfile::Builder::new().prefix("hpk-kubelet-test-").tempdir().expect("tempdir");
+        let node = NodeProcesses::start(&cp, dir.path(), &registry.host_port());
+        let cluster = Self { node, registry, shell, httpd, admin, cp, dir };
+        cluster.wait_ready(Duration::from_secs(60)).await;
+        Some(cluster)
+    }
+
+    /// Waits until node1's Ready condition is True.
+    pub async fn wait_ready(&self, within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            if self.node_condition("Ready").await.as_deref() == Some("True") {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < within, "node1 not Ready within {within:?}\n{}", self.node.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The status of node1's condition `kind`.
+    pub async fn node_condition(&self, kind: &str) -> Option<String> {
+        let node = Api::<Node>::all(self.admin.clone()).get_opt(NODE).await.ok()??;
+        node.status?.conditions?.into_iter().find(|c| c.type_ == kind).map(|c| c.status)
+    }
+
+    pub fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.admin.clone(), namespace)
+    }
+
+    /// What the cluster and the node show, for failure messages.
+    pub fn dump(&self) -> String {
+        let run = |args: &[&str]| {
+            self.cp
+                .kubectl()
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let waiting = r#"{range .items[*]}{.metadata.name}{": "}{range .status.containerStatuses[*]}{.state.waiting.message}{" "}{end}{"\n"}{end}"#;
+        format!(
+            "--- kubectl get pods,nodes -o wide:\n{}\n--- waiting messages:\n{}\n--- kubectl describe node:\n{}\n{}",
+            run(&["get", "pods,nodes", "-o", "wide"]),
+            run(&["get", "pods", "-o", &format!("jsonpath={waiting}")]),
+            run(&["describe", "node", NODE]),
+            self.node.logs()
+        )
+    }
+
+    /// `kubectl` as cluster admin.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.cp.kubectl().args(args).output().expect("kubectl");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `manifest`.
+    pub fn apply(&self, manifest: &str) {
+        let mut child = self
+            .cp
+            .kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), manifest.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("kubectl apply");
+        assert!(out.status.success(), "kubectl apply: {}\n{manifest}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The lines a container of pod `namespace/name` wrote to stdout/stderr so far (from the
+    /// CRI log files the kubelet asked the runtime for).
+    pub fn container_log(&self, pod: &Pod, container: &str) -> String {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        let dir = self.node.dir.join("kubelet/pod-logs").join(format!("{ns}_{name}_{uid}")).join(container);
+        let mut files: Vec<PathBuf> =
+            std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        files.sort();
+        let mut text = String::new();
+        for file in files {
+            for line in std::fs::read_to_string(&file).unwrap_or_default().lines() {
+                // CRI log format: TIMESTAMP STREAM TAG TEXT
+                let mut parts = line.splitn(4, ' ');
+                let text_part = parts.nth(3).unwrap_or("");
+                text.push_str(text_part);
+                text.push('\n');
+            }
+        }
+        text
+    }
+}
+
+impl NodeProcesses {
+    fn start(cp: &ControlPlane, dir: &Path, registry: &str) -> Self {
+        let host = cp.network().host(NODE).expect("node1").clone();
+        let kubeconfig = cp.node_kubeconfig(NODE).expect("node kubeconfig");
+        let nf_socket = dir.join("nf/run/nf.sock");
+        let mut nf = host.command(sibling("hpk-net-forwarder"));
+        nf.arg("serve")
+            .arg("--socket")
+            .arg(&nf_socket)
+            .arg("--state-dir")
+            .arg(dir.join("nf/state"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--node-name", NODE]);
+        std::fs::create_dir_all(dir.join("nf")).expect("nf dir");
+        let net_forwarder =
+            Process::spawn("hpk-net-forwarder", nf, &dir.join("net-forwarder.log")).expect("net-forwarder");
+
+        let runtime_socket = dir.join("runtime/run/cri.sock");
+        // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
+        // hierarchy crun needs. The runtime's own namespace matters for its streaming server.
+        let mut rt = Command::new("nsenter");
+        rt.arg(format!("--net=/run/netns/{}", host.netns)).arg("--").arg(sibling("hpk-pod-runtime"));
+        rt.arg(format!("--socket={}", runtime_socket.display()))
+            .arg(format!("--root={}", dir.join("runtime/root").display()))
+            .arg(format!("--pause-binary={}", sibling("hpk-pause").display()))
+            .arg(format!("--insecure-registry={registry}"))
+            .arg(format!("--net-forwarder-socket={}", nf_socket.display()));
+        std::fs::create_dir_all(dir.join("runtime")).expect("runtime dir");
+        let runtime = Process::spawn("hpk-pod-runtime", rt, &dir.join("runtime.log")).expect("runtime");
+
+        let kubelet_args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--node-name={NODE}"),
+            format!("--node-ip={}", host.ip),
+            format!("--runtime-socket={}", runtime_socket.display()),
+            format!("--net-forwarder-socket={}", nf_socket.display()),
+            format!("--root-dir={}", dir.join("kubelet").display()),
+            "--cluster-dns=10.96.0.10".into(),
+            // This machine's disk may be fuller than the default 10 % threshold allows.
+            "--disk-pressure-percent=1".into(),
+        ];
+        let mut node = Self {
+            kubelet: None,
+            runtime: Some(runtime),
+            net_forwarder: Some(net_forwarder),
+            runtime_socket,
+            kubelet_args,
+            dir: dir.to_owned(),
+            kubelet_started: None,
+        };
+        node.start_kubelet(cp);
+        node
+    }
+
+    /// Starts (or restarts) the kubelet on node1.
+    pub fn start_kubelet(&mut self, cp: &ControlPlane) {
+        let host = cp.network().host(NODE).expect("node1").clone();
+        let mut cmd = host.command(KUBELET);
+        cmd.args(&self.kubelet_args).env("RUST_LOG", "info");
+        let runs = (1..).find(|n| !self.dir.join(format!("kubelet-{n}.log")).exists()).unwrap_or(1);
+        let log = self.dir.join(format!("kubelet-{runs}.log"));
+        self.kubelet_started = Some(Instant::now());
+        self.kubelet = Some(Process::spawn("hpk-kubelet", cmd, &log).expect("kubelet"));
+    }
+
+    /// SIGKILLs the kubelet, as a crash would.
+    pub fn kill_kubelet(&mut self) {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(kubelet.pid()).expect("pid"));
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+            kubelet.stop(); // reaps
+        }
+    }
+
+    /// The tails of the node's logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (name, p) in
+            [("kubelet", &self.kubelet), ("runtime", &self.runtime), ("net-forwarder", &self.net_forwarder)]
+        {
+            if let Some(p) = p {
+                out.push_str(&format!("--- {name}:\n{}\n", p.log_tail(40)));
+            }
+        }
+        out
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Some`, failing with `what` and the node's logs
+/// after `within`.
+pub async fn eventually<T, F, Fut>(cluster: &Cluster, what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}\n{}", cluster.dump());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The admin client for a kubeconfig (re-exported for tests).
+pub async fn client(path: &Path) -> kube::Client {
+    client_from_kubeconfig(path).await.expect("client")
+}
