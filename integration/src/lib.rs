@@ -5,11 +5,13 @@
 //! - [`controlplane`]: etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the
 //!   upstream ones, built by `controlplane/build.sh`), each its own process on a test host.
 //! - [`registry`] and [`image`]: a local OCI registry and test images built without Docker.
+//! - [`hpknode`]: an HPK node (net-forwarder, pod-runtime, kubelet) on a test host.
 //!
 //! Everything a harness object creates it removes when dropped, also while a test panics.
 
 pub mod controlplane;
 mod error;
+pub mod hpknode;
 pub mod image;
 pub mod netns;
 pub mod pki;

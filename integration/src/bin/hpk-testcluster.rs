@@ -1,7 +1,8 @@
 //! `hpk-testcluster up|down`: the harness's cluster, for people.
 //!
-//! `up` starts the upstream control plane on a test host (plus node hosts), prints how to use it,
-//! and keeps it running until SIGINT/SIGTERM or `down`, then removes everything.
+//! `up` starts the upstream control plane on a test host (plus node hosts, with `--hpk` an HPK
+//! node on each: net-forwarder, pod-runtime, kubelet), prints how to use it, and keeps it
+//! running until SIGINT/SIGTERM or `down`, then removes everything.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hpk_integration::controlplane::ControlPlane;
+use hpk_integration::hpknode::{HpkNode, NodeOptions, PEER_READER_RBAC};
+use hpk_integration::registry::{Client, Registry};
 
 /// A throwaway upstream Kubernetes control plane in network namespaces (needs root).
 #[derive(Parser)]
@@ -26,6 +29,18 @@ enum Command {
         /// Names of test hosts to create beside the control plane (for kubelets).
         #[arg(long, value_delimiter = ',', default_value = "node1")]
         nodes: Vec<String>,
+        /// Also run an HPK node on each node host: hpk-net-forwarder (with the tunnel between
+        /// the nodes), hpk-pod-runtime and hpk-kubelet, from the directory of this binary
+        /// (`cargo build --workspace --bins`).
+        #[arg(long)]
+        hpk: bool,
+        /// With --hpk: also run a local registry holding the test images (busybox shell and
+        /// httpd) and let the nodes pull from it.
+        #[arg(long, requires = "hpk")]
+        registry: bool,
+        /// One more flag for every kubelet (repeatable), e.g. --kubelet-arg=--disk-pressure-percent=1.
+        #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+        kubelet_args: Vec<String>,
     },
     /// Stop the cluster an `up` started (SIGTERM to its PID) and wait until it has cleaned up.
     Down,
@@ -39,7 +54,13 @@ fn pid_file() -> PathBuf {
     std::env::temp_dir().join(format!("hpk-testcluster-{uid}.pid"))
 }
 
-async fn up(nodes: Vec<String>) -> anyhow::Result<()> {
+/// What `up --hpk` adds.
+struct HpkOptions {
+    registry: bool,
+    kubelet_args: Vec<String>,
+}
+
+async fn up(nodes: Vec<String>, hpk: Option<HpkOptions>) -> anyhow::Result<()> {
     let pid_file = pid_file();
     if let Ok(pid) = std::fs::read_to_string(&pid_file)
         && PathBuf::from(format!("/proc/{}", pid.trim())).exists()
@@ -57,12 +78,95 @@ async fn up(nodes: Vec<String>) -> anyhow::Result<()> {
     for host in cp.network().hosts() {
         println!("  host {:<14} {:<15} ip netns exec {} ...", host.name, host.ip.to_string(), host.netns);
     }
+    let registry = match hpk.as_ref().is_some_and(|o| o.registry) {
+        true => Some(start_registry(&cp).await?),
+        false => None,
+    };
+    let hpk_nodes = match hpk {
+        Some(options) => {
+            let insecure = registry.as_ref().map(Registry::host_port);
+            start_hpk_nodes(&cp, &names, insecure, options.kubelet_args).await?
+        }
+        None => Vec::new(),
+    };
     println!("stop with Ctrl-C or `hpk-testcluster down`");
     shutdown.cancelled().await;
+    if !hpk_nodes.is_empty() {
+        // The kubelets terminate the pods properly before the nodes go.
+        let _ = cp.kubectl().args(["delete", "pods", "--all", "--all-namespaces", "--timeout=60s"]).output();
+    }
+    drop(hpk_nodes);
+    drop(registry);
     drop(cp);
     let _ = std::fs::remove_file(&pid_file);
     println!("test cluster removed");
     Ok(())
+}
+
+/// A registry on the test network's gateway with the test images; prints their references.
+async fn start_registry(cp: &ControlPlane) -> anyhow::Result<Registry> {
+    let registry = Registry::start(std::net::IpAddr::V4(cp.network().gateway()), None).await?;
+    let client = Client::new(&registry.url())?;
+    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
+    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
+    println!(
+        "  registry {0}: images {0}/hpk/shell:v1 (busybox sh), {0}/hpk/httpd:v1 (httpd on 8080)",
+        registry.host_port()
+    );
+    Ok(registry)
+}
+
+/// Starts an HPK node on each node host and waits until every one is Ready.
+async fn start_hpk_nodes(
+    cp: &ControlPlane,
+    names: &[&str],
+    insecure_registry: Option<String>,
+    kubelet_args: Vec<String>,
+) -> anyhow::Result<Vec<HpkNode>> {
+    let bin_dir = std::env::current_exe().context("own path")?.parent().context("own directory")?.to_owned();
+    let mut apply = cp.kubectl().args(["apply", "-f", "-"]).stdin(std::process::Stdio::piped()).spawn()?;
+    std::io::Write::write_all(&mut apply.stdin.take().context("stdin")?, PEER_READER_RBAC.as_bytes())?;
+    anyhow::ensure!(apply.wait()?.success(), "kubectl apply of the node RBAC failed");
+    let key = cp.dir().join("tunnel.key");
+    let generated =
+        std::process::Command::new(bin_dir.join("hpk-net-forwarder")).arg("gen-key").arg(&key).status();
+    anyhow::ensure!(generated.is_ok_and(|s| s.success()), "hpk-net-forwarder gen-key failed");
+    let node_options = NodeOptions {
+        bin_dir,
+        insecure_registry,
+        tunnel_key: Some(key),
+        kubelet_args,
+    };
+    let mut nodes = Vec::new();
+    for name in names {
+        let node = HpkNode::start(cp, name, &cp.dir().join("hpk").join(name), &node_options)?;
+        println!("  HPK node {name}: logs and state in {}", node.dir().display());
+        nodes.push(node);
+    }
+    let admin = cp.admin_client().await?;
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for name in names {
+        loop {
+            let ready = api
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status?.conditions)
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            if ready {
+                println!("  node {name} Ready");
+                break;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = nodes.iter().map(HpkNode::logs).collect();
+                bail!("node {name} not Ready within 120 s\n{}", logs.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(nodes)
 }
 
 fn down() -> anyhow::Result<()> {
@@ -94,7 +198,10 @@ async fn main() -> ExitCode {
     // polling expects those.
     hpk_rpc::telemetry::init_with_default(hpk_rpc::telemetry::LogFormat::Plain, "info,kube_client=off");
     let result = match Cli::parse().command {
-        Command::Up { nodes } => up(nodes).await,
+        Command::Up { nodes, hpk, registry, kubelet_args } => {
+            let hpk = hpk.then_some(HpkOptions { registry, kubelet_args });
+            up(nodes, hpk).await
+        }
         Command::Down => down(),
         Command::Sweep => hpk_integration::netns::sweep().map_err(Into::into).map(|removed| {
             for thing in &removed {

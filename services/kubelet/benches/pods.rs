@@ -120,7 +120,7 @@ async fn run() {
             }
         }
     }
-    let kubelet_pid = c.node.kubelet.as_ref().map(|k| k.pid()).expect("kubelet");
+    let kubelet_pid = c.node.kubelet_pid().expect("kubelet");
     let rss_100 = rss_kib(kubelet_pid);
     latencies.sort();
     println!(

@@ -454,10 +454,10 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
     eprintln!("{} cases passed in {:?}: {names:#?}", names.len(), started.elapsed());
 
     // The kubelet served through all of it, and never panicked.
-    let pid = c.node.kubelet.as_ref().map(|k| k.pid()).expect("kubelet");
+    let pid = c.node.kubelet_pid().expect("kubelet");
     let alive =
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")), None).is_ok();
     assert!(alive, "kubelet alive\n{}", c.node.logs());
-    let log = std::fs::read_to_string(c.node.dir.join("kubelet-1.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(c.node.dir().join("kubelet-1.log")).unwrap_or_default();
     assert!(!log.contains("panicked"), "the kubelet panicked:\n{log}");
 }

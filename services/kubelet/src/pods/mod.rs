@@ -8,7 +8,9 @@ mod containers;
 pub mod manager;
 pub mod pull;
 pub mod record;
+mod report;
 pub mod status;
+mod terminate;
 pub mod worker;
 
 use std::collections::BTreeMap;

@@ -11,17 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hpk_proto::kubelet::v1 as diag;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::record::{ContainerRecord, State};
-use super::status::{self, Phase};
+use super::status::Phase;
 use super::{Adopted, Context, admission, key, lock};
 use crate::events::Kind;
 use crate::probes::{ProbeKind, ProbeReport};
@@ -30,9 +28,9 @@ use crate::volumes::PodVolumes;
 /// How often configMap, secret, projected and downwardAPI volumes are re-read.
 const VOLUME_REFRESH: Duration = Duration::from_secs(20);
 /// Retry after a failed step that has no back-off of its own (volumes, a status update).
-const RETRY: Duration = Duration::from_secs(5);
+pub(super) const RETRY: Duration = Duration::from_secs(5);
 /// The grace a pod gets when its API object vanished without one (a force delete).
-const VANISHED_GRACE: i64 = 2;
+pub(super) const VANISHED_GRACE: i64 = 2;
 
 /// What the manager tells a worker.
 #[derive(Debug)]
@@ -427,196 +425,12 @@ impl Worker {
         }
     }
 
-    /// A completed pod keeps its containers (for logs) but not its sandbox.
-    async fn stop_sandbox_of_completed_pod(&mut self) {
-        self.stop_probes();
-        if let Some(sandbox) = self.sandbox.as_mut().filter(|s| s.ready) {
-            let mut runtime = self.ctx.cri.runtime.clone();
-            let request = cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() };
-            match runtime.stop_pod_sandbox(request).await {
-                Ok(_) => sandbox.ready = false,
-                Err(status) => {
-                    tracing::warn!(pod = %self.key, error = %status.message(), "stopping the sandbox failed");
-                    self.wake_at(Instant::now() + RETRY);
-                }
-            }
-        }
-        if self.admitted {
-            lock(&self.ctx.admitted).release(&self.uid);
-            self.admitted = false;
-        }
-    }
-
-    /// Stops every probe.
-    pub(super) fn stop_probes(&mut self) {
-        for (_, cancel) in self.probes.drain() {
-            cancel.cancel();
-        }
-    }
-
-    /// Graceful termination: preStop hooks and SIGTERM, SIGKILL after the grace period, the
-    /// sandbox removed, the volumes cleaned, and the API object deleted for good.
-    async fn terminate(&mut self) {
-        if self.step != Step::Terminating {
-            tracing::info!(pod = %self.key, "terminating pod");
-        }
-        self.step = Step::Terminating;
-        self.stop_probes();
-        let grace = if self.deleted {
-            VANISHED_GRACE
-        } else {
-            self.pod
-                .metadata
-                .deletion_grace_period_seconds
-                .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-                .unwrap_or(30)
-                .max(0)
-        };
-        self.stop_all(grace).await;
-        if let Some(sandbox) = self.sandbox.take() {
-            let mut runtime = self.ctx.cri.runtime.clone();
-            let stop = cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() };
-            let removed = match runtime.stop_pod_sandbox(stop).await {
-                Ok(_) => {
-                    runtime
-                        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
-                            pod_sandbox_id: sandbox.id.clone(),
-                        })
-                        .await
-                }
-                Err(status) => Err(status),
-            };
-            if let Err(status) = removed {
-                tracing::warn!(pod = %self.key, sandbox = %sandbox.id, error = %status.message(), "removing the sandbox failed; retrying");
-                self.sandbox = Some(sandbox);
-                self.wake_at(Instant::now() + RETRY);
-                return;
-            }
-        }
-        if let Err(error) = crate::volumes::remove(&self.ctx.pod_dir(&self.uid)) {
-            tracing::warn!(pod = %self.key, %error, "removing the pod's volumes failed");
-        }
-        lock(&self.ctx.admitted).release(&self.uid);
-        self.admitted = false;
-        if !self.deleted {
-            if !self.phase.terminal() {
-                let failed = self
-                    .containers
-                    .iter()
-                    .filter(|c| !c.init)
-                    .any(|c| c.exit().is_none_or(|e| e.exit_code != 0));
-                self.phase = if failed { Phase::Failed } else { Phase::Succeeded };
-            }
-            self.report().await;
-            let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
-            let params = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
-                ..DeleteParams::default()
-            };
-            match pods.delete(self.name(), &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(error) => {
-                    tracing::warn!(pod = %self.key, %error, "final delete failed; retrying");
-                    self.wake_at(Instant::now() + RETRY);
-                    return;
-                }
-            }
-        }
-        lock(&self.ctx.summaries).remove(&self.uid);
-        self.step = Step::Terminated;
-        tracing::info!(pod = %self.key, "pod terminated");
-    }
-
     pub(super) fn namespace(&self) -> &str {
         self.pod.metadata.namespace.as_deref().unwrap_or("default")
     }
 
     pub(super) fn name(&self) -> &str {
         self.pod.metadata.name.as_deref().unwrap_or("")
-    }
-
-    /// Pushes the status when it changed (times aside); keeps the diagnostics summary current.
-    async fn report(&mut self) {
-        self.summarize();
-        if self.step == Step::Terminated || (self.deleted && self.step == Step::Terminating) {
-            return;
-        }
-        let mut pod = (*self.pod).clone();
-        if !self.last_conditions.is_empty() {
-            // Our own last conditions, until the watch brings them back.
-            let status = pod.status.get_or_insert_default();
-            let mut conditions = status.conditions.clone().unwrap_or_default();
-            for ours in &self.last_conditions {
-                conditions.retain(|c| c.type_ != ours.type_);
-                conditions.push(ours.clone());
-            }
-            status.conditions = Some(conditions);
-        }
-        let ips = self.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default();
-        let view = status::View {
-            phase: self.phase,
-            reason: self.reason.clone(),
-            sandbox_ready: self.sandbox.as_ref().is_some_and(|s| s.ready),
-            initialized: self.initialized,
-            pod_ips: &ips,
-            host_ip: &self.ctx.host_ip,
-            start_time: self.start_time,
-            containers: &self.containers,
-        };
-        let computed = status::compute(&pod, &view, Timestamp::now());
-        let comparable = serde_json::to_value(&computed).unwrap_or_default();
-        if self.reported.as_ref() == Some(&comparable) {
-            return;
-        }
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
-        let patch = serde_json::json!({ "status": computed });
-        match pods.patch_status(self.name(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                self.last_conditions = computed.conditions.clone().unwrap_or_default();
-                self.reported = Some(comparable);
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(error) => {
-                tracing::warn!(pod = %self.key, %error, "status update failed; retrying");
-                self.wake_at(Instant::now() + RETRY);
-            }
-        }
-    }
-
-    fn summarize(&self) {
-        let summary = diag::PodSummary {
-            namespace: self.namespace().to_owned(),
-            name: self.name().to_owned(),
-            uid: self.uid.clone(),
-            state: format!("{:?}", self.step),
-            phase: self.phase.as_str().to_owned(),
-            sandbox_id: self.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
-            pod_ip: self.sandbox.as_ref().and_then(|s| s.ips.first().cloned()).unwrap_or_default(),
-            containers: self
-                .containers
-                .iter()
-                .map(|c| {
-                    let (state, reason) = match &c.state {
-                        State::Waiting { reason, .. } => ("waiting", reason.clone()),
-                        State::Running { .. } => ("running", String::new()),
-                        State::Terminated(e) => ("terminated", e.reason.clone()),
-                    };
-                    diag::ContainerSummary {
-                        name: c.name.clone(),
-                        init: c.init,
-                        id: c.id.clone().unwrap_or_default(),
-                        state: state.into(),
-                        reason,
-                        restart_count: c.restart_count,
-                        ready: c.ready && c.running(),
-                    }
-                })
-                .collect(),
-            message: self.message.clone(),
-        };
-        lock(&self.ctx.summaries).insert(self.uid.clone(), summary);
     }
 
     /// A probe's report: events for failures, readiness, restarts on liveness failure.

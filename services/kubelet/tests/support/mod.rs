@@ -5,24 +5,16 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hpk_integration::controlplane::{ControlPlane, client_from_kubeconfig};
-use hpk_integration::process::Process;
+use hpk_integration::hpknode::{HpkNode, NodeOptions};
 use hpk_integration::registry::{Client, Registry};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
 pub const KUBELET: &str = env!("CARGO_BIN_EXE_hpk-kubelet");
 pub const NODE: &str = "node1";
-
-/// A binary built beside the kubelet (`cargo test --workspace` builds them all).
-pub fn sibling(name: &str) -> PathBuf {
-    let path = Path::new(KUBELET).with_file_name(name);
-    assert!(path.is_file(), "{} is missing: run `cargo build --workspace --bins` first", path.display());
-    path
-}
 
 /// Whether the tools the node needs are present; prints why not, or fails under
 /// HPK_REQUIRE_TOOLS=1.
@@ -46,45 +38,13 @@ pub fn tools_present() -> bool {
 /// The cluster with one HPK node.
 pub struct Cluster {
     // Field order is drop order: the node's processes before the registry and control plane.
-    pub node: NodeProcesses,
+    pub node: HpkNode,
     pub registry: Registry,
     pub shell: String,
     pub httpd: String,
     pub admin: kube::Client,
     pub cp: ControlPlane,
     pub dir: tempfile::TempDir,
-}
-
-/// net-forwarder, runtime and kubelet on `node1`.
-pub struct NodeProcesses {
-    pub kubelet: Option<Process>,
-    pub runtime: Option<Process>,
-    pub net_forwarder: Option<Process>,
-    pub runtime_socket: PathBuf,
-    pub kubelet_args: Vec<String>,
-    pub dir: PathBuf,
-    /// When the kubelet was last started.
-    pub kubelet_started: Option<Instant>,
-}
-
-impl Drop for NodeProcesses {
-    fn drop(&mut self) {
-        // The kubelet first (it would re-create what we remove), then every pod, then the rest.
-        self.kubelet.take();
-        let endpoint = format!("unix://{}", self.runtime_socket.display());
-        let crictl = |args: &[&str]| {
-            let _ = Command::new("crictl")
-                .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"])
-                .args(args)
-                .output();
-        };
-        if self.runtime.is_some() {
-            crictl(&["stopp", "--all"]);
-            crictl(&["rmp", "--all", "--force"]);
-        }
-        self.runtime.take();
-        self.net_forwarder.take();
-    }
 }
 
 impl Cluster {
@@ -96,11 +56,6 @@ impl Cluster {
         }
         let cp = hpk_integration::skip_unless_available(ControlPlane::start(&[NODE]).await)?;
         let admin = cp.admin_client().await.expect("admin client");
-        // Kubernetes 1.35 lets a node read only its own Node; the net-forwarder needs them all.
-        let (role, binding) = hpk_net_forwarder::nodes::peer_reader_rbac();
-        let pp = kube::api::PostParams::default();
-        Api::all(admin.clone()).create(&pp, &role).await.expect("clusterrole");
-        Api::all(admin.clone()).create(&pp, &binding).await.expect("clusterrolebinding");
         let registry = Registry::start(IpAddr::V4(cp.network().gateway()), None).await.expect("registry");
         let client = Client::new(&registry.url()).expect("registry client");
         client
@@ -114,7 +69,17 @@ impl Cluster {
         let shell = format!("{}/hpk/shell:v1", registry.host_port());
         let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
         let dir = tempfile::Builder::new().prefix("hpk-kubelet-test-").tempdir().expect("tempdir");
-        let node = NodeProcesses::start(&cp, dir.path(), &registry.host_port());
+        let options = NodeOptions {
+            bin_dir: Path::new(KUBELET).parent().expect("bin dir").to_owned(),
+            insecure_registry: Some(registry.host_port()),
+            tunnel_key: None,
+            kubelet_args: vec![
+                "--cluster-dns=10.96.0.10".into(),
+                // This machine's disk may be fuller than the default 10 % threshold allows.
+                "--disk-pressure-percent=1".into(),
+            ],
+        };
+        let node = HpkNode::start(&cp, NODE, &dir.path().join("node1"), &options).expect("node1");
         let cluster = Self { node, registry, shell, httpd, admin, cp, dir };
         cluster.wait_ready(Duration::from_secs(60)).await;
         Some(cluster)
@@ -192,7 +157,7 @@ impl Cluster {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or("");
         let uid = pod.metadata.uid.as_deref().unwrap_or("");
-        let dir = self.node.dir.join("kubelet/pod-logs").join(format!("{ns}_{name}_{uid}")).join(container);
+        let dir = self.node.dir().join("kubelet/pod-logs").join(format!("{ns}_{name}_{uid}")).join(container);
         let mut files: Vec<PathBuf> =
             std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
         files.sort();
@@ -207,95 +172,6 @@ impl Cluster {
             }
         }
         text
-    }
-}
-
-impl NodeProcesses {
-    fn start(cp: &ControlPlane, dir: &Path, registry: &str) -> Self {
-        let host = cp.network().host(NODE).expect("node1").clone();
-        let kubeconfig = cp.node_kubeconfig(NODE).expect("node kubeconfig");
-        let nf_socket = dir.join("nf/run/nf.sock");
-        let mut nf = host.command(sibling("hpk-net-forwarder"));
-        nf.arg("serve")
-            .arg("--socket")
-            .arg(&nf_socket)
-            .arg("--state-dir")
-            .arg(dir.join("nf/state"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--node-name", NODE]);
-        std::fs::create_dir_all(dir.join("nf")).expect("nf dir");
-        let net_forwarder =
-            Process::spawn("hpk-net-forwarder", nf, &dir.join("net-forwarder.log")).expect("net-forwarder");
-
-        let runtime_socket = dir.join("runtime/run/cri.sock");
-        // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
-        // hierarchy crun needs. The runtime's own namespace matters for its streaming server.
-        let mut rt = Command::new("nsenter");
-        rt.arg(format!("--net=/run/netns/{}", host.netns)).arg("--").arg(sibling("hpk-pod-runtime"));
-        rt.arg(format!("--socket={}", runtime_socket.display()))
-            .arg(format!("--root={}", dir.join("runtime/root").display()))
-            .arg(format!("--pause-binary={}", sibling("hpk-pause").display()))
-            .arg(format!("--insecure-registry={registry}"))
-            .arg(format!("--net-forwarder-socket={}", nf_socket.display()));
-        std::fs::create_dir_all(dir.join("runtime")).expect("runtime dir");
-        let runtime = Process::spawn("hpk-pod-runtime", rt, &dir.join("runtime.log")).expect("runtime");
-
-        let kubelet_args = vec![
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--node-name={NODE}"),
-            format!("--node-ip={}", host.ip),
-            format!("--runtime-socket={}", runtime_socket.display()),
-            format!("--net-forwarder-socket={}", nf_socket.display()),
-            format!("--root-dir={}", dir.join("kubelet").display()),
-            "--cluster-dns=10.96.0.10".into(),
-            // This machine's disk may be fuller than the default 10 % threshold allows.
-            "--disk-pressure-percent=1".into(),
-        ];
-        let mut node = Self {
-            kubelet: None,
-            runtime: Some(runtime),
-            net_forwarder: Some(net_forwarder),
-            runtime_socket,
-            kubelet_args,
-            dir: dir.to_owned(),
-            kubelet_started: None,
-        };
-        node.start_kubelet(cp);
-        node
-    }
-
-    /// Starts (or restarts) the kubelet on node1.
-    pub fn start_kubelet(&mut self, cp: &ControlPlane) {
-        let host = cp.network().host(NODE).expect("node1").clone();
-        let mut cmd = host.command(KUBELET);
-        cmd.args(&self.kubelet_args).env("RUST_LOG", "info");
-        let runs = (1..).find(|n| !self.dir.join(format!("kubelet-{n}.log")).exists()).unwrap_or(1);
-        let log = self.dir.join(format!("kubelet-{runs}.log"));
-        self.kubelet_started = Some(Instant::now());
-        self.kubelet = Some(Process::spawn("hpk-kubelet", cmd, &log).expect("kubelet"));
-    }
-
-    /// SIGKILLs the kubelet, as a crash would.
-    pub fn kill_kubelet(&mut self) {
-        if let Some(mut kubelet) = self.kubelet.take() {
-            let pid = nix::unistd::Pid::from_raw(i32::try_from(kubelet.pid()).expect("pid"));
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9");
-            kubelet.stop(); // reaps
-        }
-    }
-
-    /// The tails of the node's logs, for failure messages.
-    pub fn logs(&self) -> String {
-        let mut out = String::new();
-        for (name, p) in
-            [("kubelet", &self.kubelet), ("runtime", &self.runtime), ("net-forwarder", &self.net_forwarder)]
-        {
-            if let Some(p) = p {
-                out.push_str(&format!("--- {name}:\n{}\n", p.log_tail(40)));
-            }
-        }
-        out
     }
 }
 

@@ -1,0 +1,96 @@
+//! The pod's status pushed to the API when it changed, and its summary for the diagnostics.
+
+use hpk_proto::kubelet::v1 as diag;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use tokio::time::Instant;
+
+use super::lock;
+use super::record::State;
+use super::status;
+use super::worker::{RETRY, Step, Worker};
+
+impl Worker {
+    /// Pushes the status when it changed (times aside); keeps the diagnostics summary current.
+    pub(super) async fn report(&mut self) {
+        self.summarize();
+        if self.step == Step::Terminated || (self.deleted && self.step == Step::Terminating) {
+            return;
+        }
+        let mut pod = (*self.pod).clone();
+        if !self.last_conditions.is_empty() {
+            // Our own last conditions, until the watch brings them back.
+            let status = pod.status.get_or_insert_default();
+            let mut conditions = status.conditions.clone().unwrap_or_default();
+            for ours in &self.last_conditions {
+                conditions.retain(|c| c.type_ != ours.type_);
+                conditions.push(ours.clone());
+            }
+            status.conditions = Some(conditions);
+        }
+        let ips = self.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default();
+        let view = status::View {
+            phase: self.phase,
+            reason: self.reason.clone(),
+            sandbox_ready: self.sandbox.as_ref().is_some_and(|s| s.ready),
+            initialized: self.initialized,
+            pod_ips: &ips,
+            host_ip: &self.ctx.host_ip,
+            start_time: self.start_time,
+            containers: &self.containers,
+        };
+        let computed = status::compute(&pod, &view, Timestamp::now());
+        let comparable = serde_json::to_value(&computed).unwrap_or_default();
+        if self.reported.as_ref() == Some(&comparable) {
+            return;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
+        let patch = serde_json::json!({ "status": computed });
+        match pods.patch_status(self.name(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                self.last_conditions = computed.conditions.clone().unwrap_or_default();
+                self.reported = Some(comparable);
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(error) => {
+                tracing::warn!(pod = %self.key, %error, "status update failed; retrying");
+                self.wake_at(Instant::now() + RETRY);
+            }
+        }
+    }
+
+    fn summarize(&self) {
+        let summary = diag::PodSummary {
+            namespace: self.namespace().to_owned(),
+            name: self.name().to_owned(),
+            uid: self.uid.clone(),
+            state: format!("{:?}", self.step),
+            phase: self.phase.as_str().to_owned(),
+            sandbox_id: self.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
+            pod_ip: self.sandbox.as_ref().and_then(|s| s.ips.first().cloned()).unwrap_or_default(),
+            containers: self
+                .containers
+                .iter()
+                .map(|c| {
+                    let (state, reason) = match &c.state {
+                        State::Waiting { reason, .. } => ("waiting", reason.clone()),
+                        State::Running { .. } => ("running", String::new()),
+                        State::Terminated(e) => ("terminated", e.reason.clone()),
+                    };
+                    diag::ContainerSummary {
+                        name: c.name.clone(),
+                        init: c.init,
+                        id: c.id.clone().unwrap_or_default(),
+                        state: state.into(),
+                        reason,
+                        restart_count: c.restart_count,
+                        ready: c.ready && c.running(),
+                    }
+                })
+                .collect(),
+            message: self.message.clone(),
+        };
+        lock(&self.ctx.summaries).insert(self.uid.clone(), summary);
+    }
+}
