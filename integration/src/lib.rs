@@ -32,3 +32,22 @@ pub fn skip_unless_available<T>(found: Result<T>) -> Option<T> {
         Err(e) => panic!("prerequisite missing (HPK_REQUIRE_TOOLS=1): {e}"),
     }
 }
+
+/// Whether `tools` are on PATH and busybox-static (the test images' shell) is installed.
+/// Prints what is missing and returns false (the test then skips), or panics when
+/// HPK_REQUIRE_TOOLS=1 (the test command sets it, after `scripts/setup.sh` installed them).
+pub fn tools_present(tools: &[&str]) -> bool {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    let mut missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    if !std::path::Path::new(image::BUSYBOX).is_file() {
+        missing.push("busybox-static");
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
+    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
+    false
+}

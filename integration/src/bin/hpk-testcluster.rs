@@ -131,12 +131,7 @@ async fn start_hpk_nodes(
     let generated =
         std::process::Command::new(bin_dir.join("hpk-net-forwarder")).arg("gen-key").arg(&key).status();
     anyhow::ensure!(generated.is_ok_and(|s| s.success()), "hpk-net-forwarder gen-key failed");
-    let node_options = NodeOptions {
-        bin_dir,
-        insecure_registry,
-        tunnel_key: Some(key),
-        kubelet_args,
-    };
+    let node_options = NodeOptions { bin_dir, insecure_registry, tunnel_key: Some(key), kubelet_args };
     let mut nodes = Vec::new();
     for name in names {
         let node = HpkNode::start(cp, name, &cp.dir().join("hpk").join(name), &node_options)?;

@@ -76,6 +76,13 @@ async fn status_is(c: &Cluster, name: &str, status: &str, within: Duration) -> (
     .await
 }
 
+/// Waits until `container` of pod `p` has written `text` to its log.
+async fn log_shows(c: &Cluster, p: &Pod, container: &str, text: &str, within: Duration) {
+    let what = format!("{container} of {} logs {text:?}", p.metadata.name.as_deref().unwrap_or(""));
+    eventually(c, &what, within, || async { c.container_log(p, container).contains(text).then_some(()) })
+        .await;
+}
+
 async fn pod(c: &Cluster, name: &str) -> Pod {
     c.pods("default").get(name).await.expect("pod")
 }
@@ -302,10 +309,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 let p = pod(c, "env-ip").await;
                 let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("podIP");
                 assert!(ip.starts_with("10.244."), "pod IP {ip} from the node's pod CIDR");
-                eventually(c, "env-ip logs its IP", Duration::from_secs(20), || async {
-                    c.container_log(&p, "main").contains(&format!("ip={ip}")).then_some(())
-                })
-                .await;
+                log_shows(c, &p, "main", &format!("ip={ip}"), Duration::from_secs(20)).await;
             }),
         ),
         (
@@ -313,10 +317,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             Box::pin(async {
                 status_is(c, "cm-watch", "Running", long).await;
                 let p = pod(c, "cm-watch").await;
-                eventually(c, "cm-watch reads one", Duration::from_secs(20), || async {
-                    c.container_log(&p, "main").contains("v=one").then_some(())
-                })
-                .await;
+                log_shows(c, &p, "main", "v=one", Duration::from_secs(20)).await;
                 let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
                     kube::Api::namespaced(c.admin.clone(), "default");
                 cms.patch(
@@ -326,10 +327,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 )
                 .await
                 .expect("patch");
-                eventually(c, "cm-watch reads two", Duration::from_secs(60), || async {
-                    c.container_log(&p, "main").contains("v=two").then_some(())
-                })
-                .await;
+                log_shows(c, &p, "main", "v=two", Duration::from_secs(60)).await;
             }),
         ),
         (
@@ -337,10 +335,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             Box::pin(async {
                 status_is(c, "shared", "Running", long).await;
                 let p = pod(c, "shared").await;
-                eventually(c, "reader sees hello", Duration::from_secs(20), || async {
-                    c.container_log(&p, "reader").contains("hello").then_some(())
-                })
-                .await;
+                log_shows(c, &p, "reader", "hello", Duration::from_secs(20)).await;
             }),
         ),
         (

@@ -26,6 +26,20 @@ async fn web_pods(c: &Cluster) -> Vec<(String, String, i32)> {
     out
 }
 
+/// How many web pods have Ready=True.
+async fn ready_web_pods(c: &Cluster) -> usize {
+    let Ok(list) = c.pods("default").list(&ListParams::default().labels("app=web")).await else { return 0 };
+    list.items
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn node_survives_a_kubelet_crash_and_restart_without_restarting_pods() {
     let Some(mut cluster) = Cluster::start().await else { return };
@@ -49,18 +63,7 @@ async fn node_survives_a_kubelet_crash_and_restart_without_restarting_pods() {
     ));
     let before = eventually(c, "2 web pods Ready", Duration::from_secs(90), || async {
         let pods = web_pods(c).await;
-        let list = c.pods("default").list(&ListParams::default().labels("app=web")).await.ok()?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .count();
-        (pods.len() == 2 && ready == 2).then_some(pods)
+        (pods.len() == 2 && ready_web_pods(c).await == 2).then_some(pods)
     })
     .await;
 
@@ -81,18 +84,7 @@ async fn node_survives_a_kubelet_crash_and_restart_without_restarting_pods() {
     eprintln!("node Ready {:?} after the restart", restarted.elapsed());
     // Pods are adopted: same containers, no restarts, Ready again.
     let after = eventually(c, "web pods Ready after the restart", Duration::from_secs(30), || async {
-        let list = c.pods("default").list(&ListParams::default().labels("app=web")).await.ok()?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .count();
-        (ready == 2).then_some(web_pods(c).await)
+        (ready_web_pods(c).await == 2).then_some(web_pods(c).await)
     })
     .await;
     assert_eq!(before, after, "same containers, same restart counts");

@@ -32,6 +32,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
     // UIDs seen in the current (re)list; workers of pods missing from it are told Deleted.
     let mut listing: Option<HashSet<String>> = None;
     let mut first_list_done = false;
+    let mut finished: HashSet<String> = HashSet::new();
     loop {
         let event = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -47,7 +48,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
             }
         };
         let mut workers = workers.lock().await;
-        workers.retain(|_, tx| !tx.is_closed());
+        // A worker that ended terminated its pod: later events about it (its final status
+        // patch, the delete) must not start another.
+        workers.retain(|uid, tx| {
+            if tx.is_closed() {
+                finished.insert(uid.clone());
+            }
+            !tx.is_closed()
+        });
         match event {
             Event::Init => listing = Some(HashSet::new()),
             Event::InitApply(pod) | Event::Apply(pod) => {
@@ -58,6 +66,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
                 let pod = Arc::new(pod);
                 if let Some(tx) = workers.get(&uid) {
                     let _ = tx.send(Msg::Update(pod));
+                } else if finished.contains(&uid) {
+                    // Terminated by this kubelet; the API has not yet said it is gone.
                 } else if pod
                     .status
                     .as_ref()
@@ -77,6 +87,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
             }
             Event::Delete(pod) => {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
+                finished.remove(&uid);
                 if let Some(tx) = workers.remove(&uid) {
                     let _ = tx.send(Msg::Deleted);
                 }
@@ -91,10 +102,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
                 }
                 if !first_list_done {
                     first_list_done = true;
-                    // Pods deleted from the API while the kubelet was away.
-                    for (uid, orphan) in adopted.drain() {
-                        remove_orphan(&ctx, &uid, orphan).await;
-                    }
+                    // Pods deleted from the API while the kubelet was away; removed on a task
+                    // of their own, as stopping a sandbox may take its grace period.
+                    let orphans: Vec<(String, Adopted)> = adopted.drain().collect();
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        for (uid, orphan) in orphans {
+                            remove_orphan(&ctx, &uid, orphan).await;
+                        }
+                    });
                 }
             }
         }

@@ -19,20 +19,7 @@ pub const NODE: &str = "node1";
 /// Whether the tools the node needs are present; prints why not, or fails under
 /// HPK_REQUIRE_TOOLS=1.
 pub fn tools_present() -> bool {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    let mut missing: Vec<&str> =
-        ["crun", "docker-registry", "ip", "nsenter", "crictl"].into_iter().filter(|t| !on_path(t)).collect();
-    if !Path::new("/bin/busybox").is_file() {
-        missing.push("busybox-static");
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
-    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
-    false
+    hpk_integration::tools_present(&["crun", "docker-registry", "ip", "nsenter", "crictl"])
 }
 
 /// The cluster with one HPK node.

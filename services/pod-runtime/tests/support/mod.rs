@@ -32,22 +32,9 @@ pub async fn push_httpd_image(registry: &Registry) -> String {
 pub const RUNTIME: &str = env!("CARGO_BIN_EXE_hpk-pod-runtime");
 pub const PAUSE: &str = env!("CARGO_BIN_EXE_hpk-pause");
 
-/// Whether `tools` are on PATH and busybox-static is installed; prints why not, and fails
-/// instead when HPK_REQUIRE_TOOLS=1 (the test command sets it).
+/// Whether `tools` and busybox-static are present (see `hpk_integration::tools_present`).
 pub fn tools_present(tools: &[&str]) -> bool {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    let mut missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
-    if !Path::new("/bin/busybox").is_file() {
-        missing.push("busybox-static");
-    }
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
-    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
-    false
+    hpk_integration::tools_present(tools)
 }
 
 /// A running hpk-pod-runtime; on drop its pods are removed, then it gets SIGTERM and is reaped.
