@@ -14,6 +14,8 @@ use crate::process::Process;
 pub const REGISTRY_BIN: &str = "docker-registry";
 
 /// How long the registry may take to answer `GET /v2/`; it usually takes well under a second.
+/// A response header naming the registry instance, so readiness is this registry's own.
+const INSTANCE_HEADER: &str = "X-Hpk-Registry-Instance";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Ports picked free can be taken by someone else before the registry binds them.
 const PORT_ATTEMPTS: usize = 5;
@@ -25,6 +27,8 @@ const LOG_TAIL_LINES: usize = 40;
 pub struct Registry {
     process: Process,
     addr: SocketAddr,
+    /// Sent back by this registry (and no other) in [`INSTANCE_HEADER`].
+    instance: String,
     // Dropped after the process is stopped (fields drop in declaration order).
     dir: tempfile::TempDir,
 }
@@ -72,7 +76,10 @@ impl Registry {
         let addr = free_port(ip, netns.is_some())?;
         let storage = dir.path().join("storage");
         let config = dir.path().join("config.yml");
-        write(&config, config_yaml(addr, &storage).as_bytes())?;
+        // Which registry answers: another test's registry may hold the port this one picked
+        // (both probed it free; the other bound first), and its 200 must not count as ours.
+        let instance = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        write(&config, config_yaml(addr, &storage, &instance).as_bytes())?;
         let mut cmd = match netns {
             // `ip netns exec` execs the registry, so the child's PID is the registry's own.
             Some(ns) => {
@@ -91,7 +98,7 @@ impl Registry {
         }
         let process = Process::spawn("docker-registry", cmd, &dir.path().join("registry.log"))?;
         debug!(pid = process.pid(), %addr, netns, "registry spawned");
-        Ok(Self { process, addr, dir })
+        Ok(Self { process, addr, dir, instance })
     }
 
     /// Polls `GET /v2/` until it answers 200, the process exits, or the deadline passes.
@@ -104,7 +111,17 @@ impl Registry {
                 return Err(Error::Exited { addr: self.addr, status, log_tail: self.log_tail() });
             }
             match http.get(&url).timeout(Duration::from_secs(2)).send().await {
-                Ok(r) if r.status() == reqwest::StatusCode::OK => return Ok(()),
+                Ok(r)
+                    if r.status() == reqwest::StatusCode::OK
+                        && r.headers()
+                            .get(INSTANCE_HEADER)
+                            .is_some_and(|v| v.as_bytes() == self.instance.as_bytes()) =>
+                {
+                    return Ok(());
+                }
+                Ok(r) if r.status() == reqwest::StatusCode::OK => {
+                    debug!(addr = %self.addr, "another registry answers on our port");
+                }
                 Ok(r) => debug!(status = %r.status(), "registry not ready"),
                 Err(e) => debug!(error = %e, "registry not ready"),
             }
@@ -175,7 +192,7 @@ fn write(path: &Path, data: &[u8]) -> Result<()> {
 
 /// The registry's config: plain HTTP on `addr` only, no debug or metrics listener, no proxying
 /// to an upstream, deletes allowed so tests can clean up.
-fn config_yaml(addr: SocketAddr, storage: &Path) -> String {
+fn config_yaml(addr: SocketAddr, storage: &Path, instance: &str) -> String {
     // JSON strings are valid YAML double-quoted scalars, so this quotes any path safely.
     let quote = |s: &str| serde_json::Value::from(s).to_string();
     format!(
@@ -199,6 +216,7 @@ http:
   draintimeout: 1s
   headers:
     X-Content-Type-Options: [nosniff]
+    {INSTANCE_HEADER}: [{instance}]
   debug:
     addr: \"\"
     prometheus:
@@ -219,10 +237,11 @@ mod tests {
     #[test]
     fn config_listens_only_where_told() {
         let addr: SocketAddr = "127.0.0.1:5123".parse().expect("address");
-        let yaml = config_yaml(addr, Path::new("/tmp/x y/storage"));
+        let yaml = config_yaml(addr, Path::new("/tmp/x y/storage"), "hpk-registry-abc");
         assert!(yaml.contains("addr: \"127.0.0.1:5123\""));
         assert!(yaml.contains("rootdirectory: \"/tmp/x y/storage\""));
         assert!(yaml.contains("debug:\n    addr: \"\""));
         assert!(!yaml.contains("proxy"));
+        assert!(yaml.contains("X-Hpk-Registry-Instance: [hpk-registry-abc]"), "{yaml}");
     }
 }

@@ -206,6 +206,12 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 "  nodeName: node1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    resources:\n      requests: {{cpu: '100000', memory: 1Ei}}\n"
             ),
         ),
+        pod_manifest(
+            "sandbox-dies",
+            &format!(
+                "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
+            ),
+        ),
     ];
     c.apply(&manifests.join("---\n"));
 
@@ -431,6 +437,36 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                     .and_then(|cs| cs.state?.waiting?.message)
                     .unwrap_or_default();
                 assert!(msg.contains("nope") && msg.contains("cfg"), "{msg}");
+            }),
+        ),
+        (
+            "a sandbox stopped underneath the pod is replaced: SandboxChanged, Running again",
+            Box::pin(async {
+                status_is(c, "sandbox-dies", "Running", long).await;
+                let endpoint = format!("unix://{}", c.node.runtime_socket().display());
+                let crictl = |args: &[&str]| {
+                    let out = std::process::Command::new("crictl")
+                        .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint])
+                        .args(args)
+                        .output()
+                        .expect("crictl");
+                    assert!(
+                        out.status.success(),
+                        "crictl {args:?}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+                };
+                let sandbox = crictl(&["pods", "--name", "sandbox-dies", "--state", "ready", "-q"]);
+                assert!(!sandbox.is_empty(), "the pod's sandbox");
+                crictl(&["stopp", &sandbox]);
+                has_events(c, "sandbox-dies", &["SandboxChanged"]).await;
+                eventually(c, "sandbox-dies Running again, one restart", long, || async {
+                    kubectl_row(c, "sandbox-dies").filter(|(r, s, n)| r == "1/1" && s == "Running" && *n == 1)
+                })
+                .await;
+                let now = crictl(&["pods", "--name", "sandbox-dies", "--state", "ready", "-q"]);
+                assert!(!now.is_empty() && now != sandbox, "a new sandbox: {now} (was {sandbox})");
             }),
         ),
         (

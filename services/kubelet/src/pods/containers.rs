@@ -25,6 +25,9 @@ impl Worker {
         if self.sandbox.as_ref().is_some_and(|s| s.ready) {
             return true;
         }
+        if self.sandbox.is_some() && !self.replace_dead_sandbox().await {
+            return false;
+        }
         let now = Instant::now();
         if self.sandbox_backoff.waiting(now) {
             if let Some(at) = self.sandbox_backoff.until() {
@@ -66,6 +69,40 @@ impl Worker {
         self.sandbox_backoff.reset();
         // /etc/hosts names the pod's address, known only now.
         self.message.clear();
+        true
+    }
+
+    /// The sandbox stopped underneath a pod that still runs (its pause died, or someone
+    /// stopped it): remove it, as the kubelet does, so that a new one is made with the init
+    /// containers run again and the containers restarted (counted as restarts).
+    async fn replace_dead_sandbox(&mut self) -> bool {
+        let Some(old) = self.sandbox.as_ref().map(|s| s.id.clone()) else { return true };
+        self.event(
+            None,
+            Kind::Normal,
+            "SandboxChanged",
+            "Pod sandbox changed, it will be killed and re-created.".into(),
+        );
+        self.stop_probes();
+        let mut runtime = self.ctx.cri.runtime.clone();
+        let _ = runtime.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: old.clone() }).await;
+        if let Err(status) =
+            runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: old.clone() }).await
+        {
+            tracing::warn!(pod = %self.key, sandbox = %old, error = %status.message(), "removing a dead sandbox failed; retrying");
+            self.wake_at(Instant::now() + super::worker::RETRY);
+            return false;
+        }
+        self.sandbox = None;
+        let has_init = self.containers.iter().any(|c| c.init);
+        for c in &mut self.containers {
+            // Its containers went with the sandbox; the record keeps the restart to count.
+            if c.running() || (c.init && c.exit().is_some()) {
+                c.wait(if c.init { "PodInitializing" } else { "ContainerCreating" }, "");
+            }
+            c.previous_id = None;
+        }
+        self.initialized = !has_init;
         true
     }
 
@@ -227,7 +264,9 @@ impl Worker {
         // The runtime keeps the previous container (for `logs --previous`), not older ones.
         if let Some(older) = self.containers[i].replace_container(&id, attempt) {
             let request = cri::RemoveContainerRequest { container_id: older.clone() };
-            if let Err(status) = runtime.remove_container(request).await {
+            if let Err(status) = runtime.remove_container(request).await
+                && status.code() != tonic::Code::NotFound
+            {
                 tracing::warn!(pod = %self.key, container = %older, error = %status.message(), "removing an old container failed");
             }
         }
@@ -334,6 +373,8 @@ impl Worker {
         match probes::check(ProbeKind::Liveness, &probe, &target).await {
             probes::Outcome::Success => Ok(()),
             probes::Outcome::Failure(message) => {
+                // The check speaks of a probe; this is a hook.
+                let message = message.strip_prefix("Liveness probe failed: ").unwrap_or(&message);
                 Err(format!("hook of container {} failed: {message}", spec.name))
             }
         }
@@ -448,12 +489,12 @@ impl Worker {
                 }
             }
             Err(status) if status.code() == tonic::Code::NotFound => {
-                // Removed underneath us: it is as good as exited.
+                // Removed underneath us (with its sandbox): it no longer runs. The id stays, so
+                // that the next container counts as a restart.
                 let c = &mut self.containers[i];
                 if c.running() {
                     c.wait("ContainerCreating", "the runtime lost the container");
                 }
-                c.id = None;
             }
             Err(status) => {
                 tracing::warn!(pod = %self.key, error = %status.message(), "container status failed")
@@ -496,7 +537,7 @@ impl Worker {
                 c.id = Some(found.id.clone());
                 c.attempt = found.metadata.as_ref().map_or(0, |m| m.attempt);
                 c.restart_count = c.restart_count.max(c.attempt);
-                // A failure before the restart is remembered as one.
+                // The back-off starts afresh with a restarted kubelet.
                 c.restart_backoff = Backoff::default();
                 self.refresh_one(i).await;
             }
