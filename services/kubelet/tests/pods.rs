@@ -249,6 +249,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                     .expect("pods");
                 let name = list.items[0].metadata.name.clone().expect("name");
                 status_is(c, &name, "Completed", long).await;
+                has_events(c, &name, &["Scheduled", "Pulled", "Created", "Started"]).await;
             }),
         ),
         (
@@ -316,6 +317,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("podIP");
                 assert!(ip.starts_with("10.244."), "pod IP {ip} from the node's pod CIDR");
                 log_shows(c, &p, "main", &format!("ip={ip}"), Duration::from_secs(20)).await;
+                has_events(c, "env-ip", &["Created", "Started"]).await;
             }),
         ),
         (
@@ -334,6 +336,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 .await
                 .expect("patch");
                 log_shows(c, &p, "main", "v=two", Duration::from_secs(60)).await;
+                has_events(c, "cm-watch", &["Started"]).await;
             }),
         ),
         (
@@ -342,6 +345,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 status_is(c, "shared", "Running", long).await;
                 let p = pod(c, "shared").await;
                 log_shows(c, &p, "reader", "hello", Duration::from_secs(20)).await;
+                has_events(c, "shared", &["Started"]).await;
             }),
         ),
         (
@@ -355,6 +359,7 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 })
                 .await;
                 assert!(log.contains("mode=400"), "{log}");
+                has_events(c, "secret-mode", &["Started"]).await;
             }),
         ),
         (
@@ -437,6 +442,9 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                     .and_then(|cs| cs.state?.waiting?.message)
                     .unwrap_or_default();
                 assert!(msg.contains("nope") && msg.contains("cfg"), "{msg}");
+                has_events(c, "missing-key", &["Failed"]).await;
+                let m = event_messages(c, "missing-key", "Failed");
+                assert!(m.iter().any(|m| m.contains("nope")), "{m:?}");
             }),
         ),
         (

@@ -28,7 +28,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
 
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
-    let mut stream = watcher::watcher(pods, config).default_backoff().boxed();
+    let mut stream = watcher::watcher(pods, config).backoff(WatchBackoff::default()).boxed();
     // UIDs seen in the current (re)list; workers of pods missing from it are told Deleted.
     let mut listing: Option<HashSet<String>> = None;
     let mut first_list_done = false;
@@ -116,6 +116,41 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
         }
     }
     Ok(())
+}
+
+/// The pod watch's retry delays: 200 ms doubling to 5 s (kube-runtime's default grows to
+/// 30 s, so a node whose link to the API came back would wait that long to hear of its pods
+/// and to repair their status).
+#[derive(Clone, Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(delay)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }
 
 /// Sandboxes and containers the runtime has, by pod UID.

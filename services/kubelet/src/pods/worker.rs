@@ -231,11 +231,30 @@ impl Worker {
     async fn on_message(&mut self, msg: Msg) {
         match msg {
             Msg::Update(pod) => {
+                if self.status_drifted(&pod) {
+                    // Someone else wrote the pod's status (the node lifecycle controller marks
+                    // pods NotReady while the node is Unknown): say again what is true.
+                    self.reported = None;
+                }
                 self.pod = pod;
             }
             Msg::Deleted => self.deleted = true,
             Msg::Runtime => self.refresh().await,
         }
+    }
+
+    /// Whether the API's status of `pod` disagrees with what this worker last pushed: a
+    /// condition it owns or the phase.
+    fn status_drifted(&self, pod: &Pod) -> bool {
+        if self.last_conditions.is_empty() {
+            return false;
+        }
+        let Some(status) = pod.status.as_ref() else { return true };
+        let theirs = status.conditions.as_deref().unwrap_or_default();
+        let condition_differs = self.last_conditions.iter().any(|ours| {
+            theirs.iter().find(|c| c.type_ == ours.type_).is_none_or(|c| c.status != ours.status)
+        });
+        condition_differs || status.phase.as_deref() != Some(self.phase.as_str())
     }
 
     /// Takes the next steps the pod's state allows.
