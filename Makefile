@@ -1,6 +1,6 @@
 # Entry points for people who knew the original HPK. CI runs `make ci`'s script directly.
 CARGO ?= cargo
-BINARIES := hpk-cert-signer
+BINARIES := hpk-cert-signer hpk-pod-runtime hpk-pause hpk-net-forwarder hpk-kubelet hpk-testcluster
 
 .PHONY: all build binaries test ci bench clean
 
