@@ -24,41 +24,26 @@ fn kubectl_row(c: &Cluster, name: &str) -> Option<(String, String, u32)> {
     Some((cols[1].to_owned(), cols[2].to_owned(), cols[3].parse().ok()?))
 }
 
-/// The reasons of the events about object `name`, as `kubectl get events` lists them.
-fn event_reasons(c: &Cluster, name: &str) -> Vec<String> {
-    let out = c.kubectl(&[
-        "get",
-        "events",
-        "--field-selector",
-        &format!("involvedObject.name={name}"),
-        "-o",
-        "json",
-    ]);
+/// One field of each event `kubectl get events --field-selector SELECTOR` lists.
+fn event_field(c: &Cluster, selector: &str, field: &str) -> Vec<String> {
+    let out = c.kubectl(&["get", "events", "--field-selector", selector, "-o", "json"]);
     let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
     list["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+        .filter_map(|e| e[field].as_str().map(str::to_owned))
         .collect()
 }
 
+/// The reasons of the events about object `name`, as `kubectl get events` lists them.
+fn event_reasons(c: &Cluster, name: &str) -> Vec<String> {
+    event_field(c, &format!("involvedObject.name={name}"), "reason")
+}
+
+/// The messages of the events about object `name` with reason `reason`.
 fn event_messages(c: &Cluster, name: &str, reason: &str) -> Vec<String> {
-    let out = c.kubectl(&[
-        "get",
-        "events",
-        "--field-selector",
-        &format!("involvedObject.name={name},reason={reason}"),
-        "-o",
-        "json",
-    ]);
-    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e["message"].as_str().map(str::to_owned))
-        .collect()
+    event_field(c, &format!("involvedObject.name={name},reason={reason}"), "message")
 }
 
 async fn has_events(c: &Cluster, name: &str, reasons: &[&str]) {
