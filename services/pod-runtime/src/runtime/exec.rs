@@ -247,6 +247,40 @@ impl Drop for Running {
     }
 }
 
+/// Kills a streamed exec's command, and its session, when the exec session is dropped before
+/// the command ended (the client went away): nothing outlives the session.
+pub(crate) struct SessionGuard {
+    pause_pid: u32,
+    pid_file: PathBuf,
+    armed: bool,
+}
+
+impl SessionGuard {
+    /// Guards the command whose sandbox PID crun writes to `pid_file`.
+    pub(crate) fn new(pause_pid: u32, pid_file: PathBuf) -> Self {
+        Self { pause_pid, pid_file, armed: true }
+    }
+
+    /// The command ended by itself: leave whatever it left behind alone.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let in_sandbox =
+            std::fs::read_to_string(&self.pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok());
+        if let Some(pid) = in_sandbox {
+            debug!(pid, "exec session dropped before its command ended; killing it");
+            kill_session_of(self.pause_pid, pid);
+        }
+    }
+}
+
 /// A process in a sandbox's PID namespace, seen from the host.
 pub(crate) struct SandboxProcess {
     pub(crate) host_pid: i32,

@@ -129,11 +129,15 @@ impl Runtime {
             .prefix("exec-")
             .tempdir_in(self.container_dir(&id))
             .map_err(|e| Error::io("create", self.container_dir(&id), e))?;
-        if req.tty {
+        // Dropped with this future (the client went away): the command is killed.
+        let guard = super::exec::SessionGuard::new(pause_pid, scratch.path().join("pid"));
+        let code = if req.tty {
             self.exec_tty(&id, &sandbox_id, pause_pid, &req.cmd, scratch.path(), io).await
         } else {
             self.exec_pipes(&id, pause_pid, &req.cmd, scratch.path(), io).await
-        }
+        };
+        guard.disarm();
+        code
     }
 
     async fn exec_pipes(
@@ -146,7 +150,7 @@ impl Runtime {
     ) -> Result<i32> {
         let (pid_file, log) = (scratch.join("pid"), scratch.join("crun.log"));
         let mut command = self.engine_exec(id, pause_pid, cmd, scratch, &pid_file, &log)?;
-        command.stdin(if io.stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        command.stdin(if io.stdin.is_some() { Stdio::piped() } else { Stdio::null() }).kill_on_drop(true);
         let mut child =
             command.spawn().map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;
         let stdin = match (io.stdin, child.stdin.take()) {

@@ -95,7 +95,18 @@ where
         rx
     });
 
-    let outcome = Outcome::from_backend(run(Io { stdin, stdout, stderr, resize }).await, verb);
+    // A client that goes away (EOF, reset, a broken frame) ends the session: the backend's
+    // future is dropped, which ends what it started (an exec'd command is killed).
+    let result = tokio::select! {
+        result = run(Io { stdin, stdout, stderr, resize }) => result,
+        () = session.closed() => {
+            tracing::debug!(verb, "client gone before the session ended; session cancelled");
+            drop(keep);
+            session.close().await;
+            return Ok(());
+        }
+    };
+    let outcome = Outcome::from_backend(result, verb);
     if let Some(error) = streams.error.take() {
         let mut w = error.writer;
         if let Some(payload) = outcome.payload(version >= 4) {

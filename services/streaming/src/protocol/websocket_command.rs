@@ -111,14 +111,25 @@ where
         stderr: writer_for(STDERR, opts.stderr),
         resize,
     };
-    let outcome = Outcome::from_backend(run(io).await, verb);
+    let mut reader = reader;
+    // A client that goes away (close frame, reset, EOF) ends the session: the backend's
+    // future is dropped, which ends what it started (an exec'd command is killed).
+    let result = tokio::select! {
+        result = run(io) => result,
+        _ = &mut reader => {
+            tracing::debug!(verb, "client gone before the session ended; session cancelled");
+            drop(out);
+            writer.abort();
+            return Ok(());
+        }
+    };
+    let outcome = Outcome::from_backend(result, verb);
     if let Some(payload) = outcome.payload(version >= 4) {
         out.send(on_channel(ERROR, &payload));
     }
     out.send(Message::Close(Some(CloseFrame { code: CloseCode::Normal, reason: "".into() })));
     drop(out);
     let _ = tokio::time::timeout(LINGER * 5, writer).await;
-    let mut reader = reader;
     if tokio::time::timeout(LINGER, &mut reader).await.is_err() {
         reader.abort();
     }

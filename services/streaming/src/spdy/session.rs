@@ -97,6 +97,8 @@ pub struct Session {
     shared: Arc<Shared>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
+    /// Cancelled when the connection can no longer be read (EOF, error, a broken frame).
+    gone: tokio_util::sync::CancellationToken,
 }
 
 /// A stream the peer opened, waiting to be accepted or refused.
@@ -246,7 +248,10 @@ impl Session {
         let writer =
             tokio::spawn(write_loop(FramedWrite::new(wr, FrameCodec::default()), out_rx, shared.clone()));
         let reader_shared = shared.clone();
+        let gone = tokio_util::sync::CancellationToken::new();
+        let reader_gone = gone.clone();
         let reader = tokio::spawn(async move {
+            let _gone = reader_gone.drop_guard();
             let mut frames = FramedRead::new(rd, FrameCodec::default());
             if let Err(e) = read_loop(&mut frames, &reader_shared, &accept_tx).await {
                 tracing::debug!(error = %e, "spdy session ended with an error");
@@ -262,7 +267,13 @@ impl Session {
                 e.reset.store(true, Ordering::Release);
             }
         });
-        (Session { shared, reader, writer }, accept_rx)
+        (Session { shared, reader, writer, gone }, accept_rx)
+    }
+
+    /// Resolves once the connection can no longer be read: the peer closed or reset it, or
+    /// sent something that ended the session.
+    pub fn closed(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.gone.clone().cancelled_owned()
     }
 
     /// Sends GOAWAY, flushes everything queued, closes the writing side and gives the peer a
