@@ -16,6 +16,8 @@ setup_packages() {
   apt_install crun protobuf-compiler
   # critest/run.sh pushes its stand-in images to the local registry with curl.
   apt_install curl
+  # kubectl exec -it driven through a terminal in the kubelet API tests
+  apt_install tmux
   # The pod network benchmark (services/net-forwarder/benches/network.rs): iperf3 for
   # throughput, ping for round trips, slirp4netns for the seed's cross-node path it compares
   # with. iperf3's package asks whether to run a system-wide server on :5201; answer no, the
@@ -48,6 +50,9 @@ setup_tools() {
   go_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
   # CRI client; v1.35.0 is not served by the module proxy, v1.34 is within the supported skew.
   go_tool crictl sigs.k8s.io/cri-tools/cmd/crictl@v1.34.0
+  # metrics-server for `kubectl top` in the kubelet API tests (run there as a pod from a
+  # Docker-free image of this static binary); v0.9.0 is the newest the module proxy serves.
+  CGO_ENABLED=0 go_tool metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server@v0.9.0
   setup_critest
 }
 

@@ -56,7 +56,19 @@ pub struct ControlPlane {
     api_url: String,
     admin_kubeconfig: PathBuf,
     network: TestNetwork,
+    signer: std::sync::Mutex<Option<(Process, CertSigner)>>,
     dir: tempfile::TempDir,
+}
+
+/// The cluster's hpk-cert-signer on the control-plane host, as kubelets reach it.
+#[derive(Clone, Debug)]
+pub struct CertSigner {
+    /// The file holding its URL (`https://IP:PORT`).
+    pub address_file: PathBuf,
+    /// The CA to pin for its TLS (the server CA).
+    pub ca: PathBuf,
+    /// The node token (0600).
+    pub token_file: PathBuf,
 }
 
 impl ControlPlane {
@@ -78,8 +90,17 @@ impl ControlPlane {
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
         write_kubeconfig(&admin_kubeconfig, &api_url, &pki.server_ca().cert, "admin", &admin)?;
-        let mut cp =
-            Self { components: Vec::new(), bin_dir, pki, host, api_url, admin_kubeconfig, network, dir };
+        let mut cp = Self {
+            components: Vec::new(),
+            bin_dir,
+            pki,
+            host,
+            api_url,
+            admin_kubeconfig,
+            network,
+            signer: std::sync::Mutex::new(None),
+            dir,
+        };
         cp.launch().await?;
         Ok(cp)
     }
@@ -126,6 +147,16 @@ impl ControlPlane {
             format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
             format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
             "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            // The aggregation layer (metrics-server behind metrics.k8s.io): requests proxied
+            // with the front-proxy client certificate, straight to the endpoints (no kube-proxy).
+            format!("--requestheader-client-ca-file={}", p(&pki.request_header_ca.cert)),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)),
+            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
+            "--enable-aggregator-routing=true".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
@@ -322,8 +353,62 @@ impl ControlPlane {
     }
 }
 
+impl ControlPlane {
+    /// The cluster's cert-signer (`hpk-cert-signer serve` from `rust_bin_dir`) on the
+    /// control-plane host, started on first use: it signs kubelet serving certificates with
+    /// the server CA, which the API server's `--kubelet-certificate-authority` trusts.
+    pub fn cert_signer(&self, rust_bin_dir: &Path) -> Result<CertSigner> {
+        let mut slot = self.signer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, signer)) = slot.as_ref() {
+            return Ok(signer.clone());
+        }
+        let d = self.dir.path().join("cert-signer");
+        std::fs::create_dir_all(&d).map_err(|e| Error::io("create", d.display(), e))?;
+        let token_file = d.join("node-token");
+        let mut token = [0u8; 32];
+        getrandom::fill(&mut token)
+            .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
+        crate::pki::write_secret(&token_file, &hex::encode(token))?;
+        let address_file = d.join("address");
+        let (server_ca, client_ca) = (self.pki.server_ca(), self.pki.client_ca());
+        let p = |path: &Path| path.display().to_string();
+        let mut cmd = self.host.command(rust_bin_dir.join("hpk-cert-signer"));
+        cmd.arg("serve")
+            .arg(format!("--listen={}:0", self.host.ip))
+            .arg(format!("--address-file={}", p(&address_file)))
+            .arg(format!("--serving-ca-cert={}", p(&server_ca.cert)))
+            .arg(format!("--serving-ca-key={}", p(&server_ca.key)))
+            .arg(format!("--client-ca-cert={}", p(&client_ca.cert)))
+            .arg(format!("--client-ca-key={}", p(&client_ca.key)))
+            .arg(format!("--token-file={}", p(&token_file)))
+            .arg(format!("--shared-dir={}", p(&d.join("shared"))))
+            .arg(format!("--apiserver-san={}", self.host.ip));
+        let mut process = Process::spawn("hpk-cert-signer", cmd, &self.dir.path().join("cert-signer.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !address_file.is_file() {
+            process.check_alive()?;
+            if Instant::now() >= deadline {
+                return Err(Error::NotReady {
+                    what: "hpk-cert-signer".into(),
+                    seconds: 20,
+                    detail: process.log_tail(20),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let signer = CertSigner { address_file, ca: server_ca.cert.clone(), token_file };
+        *slot = Some((process, signer.clone()));
+        Ok(signer)
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        if let Some((mut signer, _)) =
+            self.signer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+        {
+            signer.stop();
+        }
         // Reverse start order: the scheduler and controller-manager before the API server,
         // etcd last. The network and the directory go after, as fields drop.
         while let Some(mut component) = self.components.pop() {

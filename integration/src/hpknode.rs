@@ -74,7 +74,8 @@ impl HpkNode {
             what: format!("test host {name}"),
             hint: "create it with the control plane".into(),
         })?;
-        for binary in ["hpk-net-forwarder", "hpk-pod-runtime", "hpk-pause", "hpk-kubelet"] {
+        for binary in ["hpk-net-forwarder", "hpk-pod-runtime", "hpk-pause", "hpk-kubelet", "hpk-cert-signer"]
+        {
             if !options.bin_dir.join(binary).is_file() {
                 return Err(Error::Missing {
                     what: options.bin_dir.join(binary).display().to_string(),
@@ -119,7 +120,14 @@ impl HpkNode {
         }
         let runtime = Process::spawn("hpk-pod-runtime", rt, &dir.join("runtime.log"))?;
 
+        // The kubelet API's serving certificate comes from the cluster's cert-signer; the API
+        // server's client certificate is accepted through the client CA.
+        let signer = cp.cert_signer(&options.bin_dir)?;
         let mut kubelet_args = vec![
+            format!("--cert-signer-address-file={}", signer.address_file.display()),
+            format!("--cert-signer-ca={}", signer.ca.display()),
+            format!("--node-token-file={}", signer.token_file.display()),
+            format!("--client-ca-file={}", cp.pki().client_ca().cert.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--node-name={name}"),
             format!("--node-ip={}", host.ip),

@@ -36,6 +36,11 @@ pub struct ClusterPki {
     pub apiserver: CertFiles,
     /// The API server's client certificate toward kubelets.
     pub apiserver_kubelet_client: CertFiles,
+    /// The CA extension API servers (metrics-server) trust for the API server's proxied
+    /// requests (K3s `request-header-ca`).
+    pub request_header_ca: CertFiles,
+    /// The API server's client certificate toward extension API servers (`front-proxy-client`).
+    pub front_proxy_client: CertFiles,
     /// Service-account token signing key (ECDSA P-256) and its public half.
     pub service_account_key: PathBuf,
     /// Public key verifying service-account tokens.
@@ -82,6 +87,15 @@ impl ClusterPki {
             vec![],
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
+        let request_header = Ca::new(dir, "request-header-ca", "hpk-test-request-header-ca")?;
+        let front_proxy_client = request_header.sign(
+            dir,
+            "front-proxy-client",
+            "front-proxy-client",
+            &[],
+            vec![],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
         let sa = KeyPair::generate()?;
         let service_account_key = dir.join("service-account.key");
         let service_account_pub = dir.join("service-account.pub");
@@ -93,6 +107,8 @@ impl ClusterPki {
             client_ca,
             apiserver,
             apiserver_kubelet_client,
+            request_header_ca: request_header.files,
+            front_proxy_client,
             service_account_key,
             service_account_pub,
         })
@@ -154,6 +170,11 @@ impl Ca {
         write(&files.key, &key.serialize_pem(), 0o600)?;
         Ok(files)
     }
+}
+
+/// Writes a secret file (0600).
+pub fn write_secret(path: &Path, contents: &str) -> Result<()> {
+    write(path, contents, 0o600)
 }
 
 fn write(path: &Path, contents: &str, mode: u32) -> Result<()> {

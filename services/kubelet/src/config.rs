@@ -2,6 +2,9 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use hpk_cert_signer::config::parse_duration;
 
 use k8s_openapi::api::core::v1::Taint;
 
@@ -57,6 +60,43 @@ pub struct KubeletArgs {
     /// The resolver configuration pods with dnsPolicy Default get.
     #[arg(long, env = "HPK_RESOLV_CONF", default_value = "/etc/resolv.conf")]
     pub resolv_conf: PathBuf,
+    /// Address the kubelet API (HTTPS on --kubelet-port) listens on; the node's address
+    /// (--node-ip) by default.
+    #[arg(long, env = "HPK_KUBELET_ADDRESS")]
+    pub address: Option<IpAddr>,
+    /// The kubelet API's serving certificate chain (PEM), instead of one from the cert-signer;
+    /// read once at start.
+    #[arg(long, env = "HPK_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM, must be 0600).
+    #[arg(long, env = "HPK_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// The cert-signer's URL (`https://HOST:PORT`): the serving certificate is requested from
+    /// it for a key generated here (kept in memory only) and renewed before it expires.
+    #[arg(long, env = "HPK_CERT_SIGNER_URL", conflicts_with_all = ["tls_cert_file", "cert_signer_address_file"])]
+    pub cert_signer_url: Option<String>,
+    /// Read the cert-signer's URL from this file (the signer's --address-file).
+    #[arg(long, env = "HPK_CERT_SIGNER_ADDRESS_FILE", conflicts_with = "tls_cert_file")]
+    pub cert_signer_address_file: Option<PathBuf>,
+    /// The CA to pin for the cert-signer's TLS (the cluster's serving CA).
+    #[arg(long, env = "HPK_SIGNER_CA_CERT")]
+    pub cert_signer_ca: Option<PathBuf>,
+    /// The cluster's node token (0600), which the cert-signer asks for.
+    #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
+    pub node_token_file: Option<PathBuf>,
+    /// The API server's client CA: client certificates it signed are accepted on the kubelet
+    /// API (user = CN, groups = O). Without it only bearer tokens are.
+    #[arg(long, env = "HPK_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// How long a bearer token's TokenReview answer is reused.
+    #[arg(long, env = "HPK_TOKEN_CACHE_TTL", default_value = "2m", value_parser = parse_duration)]
+    pub authentication_token_webhook_cache_ttl: Duration,
+    /// How long an allowing SubjectAccessReview answer is reused.
+    #[arg(long, env = "HPK_AUTHZ_ALLOWED_TTL", default_value = "5m", value_parser = parse_duration)]
+    pub authorization_webhook_cache_authorized_ttl: Duration,
+    /// How long a denying SubjectAccessReview answer is reused.
+    #[arg(long, env = "HPK_AUTHZ_DENIED_TTL", default_value = "30s", value_parser = parse_duration)]
+    pub authorization_webhook_cache_unauthorized_ttl: Duration,
     /// Serve the kubelet's diagnostics (`hpk.kubelet.v1`) on this UNIX socket; by default
     /// `<root-dir>/kubelet.sock`.
     #[arg(long, env = "HPK_KUBELET_DIAGNOSTICS_SOCKET")]

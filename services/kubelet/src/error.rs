@@ -25,6 +25,9 @@ pub enum Error {
     /// Registering the node failed.
     #[error("registering the node: {0}")]
     Node(String),
+    /// The cert-signer issued no serving certificate for the kubelet API.
+    #[error("serving certificate: {0}")]
+    Signer(String),
     /// Serving the diagnostics socket failed.
     #[error(transparent)]
     Rpc(#[from] hpk_rpc::Error),
@@ -36,7 +39,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) | Self::Kubeconfig { .. } => 78,
-            Self::Runtime { .. } | Self::Node(_) => 69,
+            Self::Runtime { .. } | Self::Node(_) | Self::Signer(_) => 69,
             Self::Rpc(_) => 1,
         }
     }

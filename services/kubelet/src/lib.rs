@@ -3,6 +3,7 @@
 //!
 //! `main.rs` only wires; each concern is a module here (see ARCHITECTURE.md).
 
+pub mod api;
 pub mod config;
 pub mod cri;
 pub mod diag;

@@ -33,12 +33,14 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
 
     let client = client(&args).await?;
     let cri = connect_runtime(&args, &shutdown).await?;
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| node_name.clone());
+    let api = crate::api::prepare(&args, &node_name, &hostname, &shutdown).await?;
     let node_config = NodeConfig {
         name: node_name.clone(),
         internal_ip: args.node_ip,
-        hostname: nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| node_name.clone()),
+        hostname: hostname.clone(),
         kubelet_port: args.kubelet_port,
         max_pods: args.max_pods,
         role: args.role.clone(),
@@ -56,7 +58,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         client: client.clone(),
         cri,
         objects: ApiObjects::new(client.clone()),
-        events: Events::new(client, &node_name),
+        events: Events::new(client.clone(), &node_name),
         node_name,
         host_ip: args.node_ip.to_string(),
         pods_dir,
@@ -69,7 +71,9 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         node: node_state,
         admitted: Mutex::default(),
         summaries: Mutex::new(BTreeMap::new()),
+        pods: Mutex::new(BTreeMap::new()),
     });
+    let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));
 
     let listener = hpk_rpc::serve::Listener::unix(&args.diagnostics_socket())?;
@@ -84,6 +88,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         Ok(Ok(())) => {}
     }
     let _ = node_task.await;
+    let _ = api.await;
     served?;
     Ok(())
 }

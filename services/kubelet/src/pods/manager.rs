@@ -64,6 +64,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
                     seen.insert(uid.clone());
                 }
                 let pod = Arc::new(pod);
+                super::lock(&ctx.pods).insert(uid.clone(), pod.clone());
                 if let Some(tx) = workers.get(&uid) {
                     let _ = tx.send(Msg::Update(pod));
                 } else if finished.contains(&uid) {
@@ -87,6 +88,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
             }
             Event::Delete(pod) => {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
+                super::lock(&ctx.pods).remove(&uid);
                 finished.remove(&uid);
                 if let Some(tx) = workers.remove(&uid) {
                     let _ = tx.send(Msg::Deleted);
@@ -94,6 +96,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
             }
             Event::InitDone => {
                 if let Some(seen) = listing.take() {
+                    super::lock(&ctx.pods).retain(|uid, _| seen.contains(uid));
                     for (uid, tx) in workers.iter() {
                         if !seen.contains(uid) {
                             let _ = tx.send(Msg::Deleted);

@@ -52,6 +52,9 @@ pub struct Context {
     pub admitted: Mutex<admission::Admitted>,
     /// Each pod's summary, for the diagnostics service, by UID.
     pub summaries: Mutex<BTreeMap<String, diag::PodSummary>>,
+    /// The pods bound to this node as the watch last gave them, by UID (the kubelet API's
+    /// `/pods` and its lookups by name).
+    pub pods: Mutex<BTreeMap<String, std::sync::Arc<k8s_openapi::api::core::v1::Pod>>>,
 }
 
 impl Context {

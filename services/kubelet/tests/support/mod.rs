@@ -19,7 +19,7 @@ pub const NODE: &str = "node1";
 /// Whether the tools the node needs are present; prints why not, or fails under
 /// HPK_REQUIRE_TOOLS=1.
 pub fn tools_present() -> bool {
-    hpk_integration::tools_present(&["crun", "docker-registry", "ip", "nsenter", "crictl"])
+    hpk_integration::tools_present(&["crun", "docker-registry", "ip", "nsenter", "crictl", "curl", "tmux"])
 }
 
 /// The cluster with one HPK node.

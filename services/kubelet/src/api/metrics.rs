@@ -1,0 +1,131 @@
+//! The kubelet's own metrics at `/metrics` (Prometheus text): its HTTP requests, the pods
+//! and containers it runs, the node's name, and the process's CPU, memory and start time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use crate::pods::{Context, lock};
+
+/// (method, route, code) → (count, seconds).
+type Requests = BTreeMap<(String, &'static str, u16), (u64, f64)>;
+
+/// Request counters and the in-flight gauge.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<Requests>,
+    inflight: AtomicI64,
+}
+
+/// Counts a request as in flight while it lives.
+pub struct Inflight<'a>(&'a AtomicI64);
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// Marks a request in flight until the guard drops.
+    pub fn inflight(&self) -> Inflight<'_> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        Inflight(&self.inflight)
+    }
+
+    /// Counts a finished request.
+    pub fn observe(&self, method: &str, route: &'static str, code: u16, took: Duration) {
+        let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = requests.entry((method.to_owned(), route, code)).or_default();
+        entry.0 += 1;
+        entry.1 += took.as_secs_f64();
+    }
+
+    /// The exposition.
+    pub fn render(&self, ctx: &Context) -> String {
+        let mut out = String::new();
+        let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let _ = writeln!(
+            out,
+            "# HELP kubelet_http_requests_total Number of HTTP requests the kubelet API answered, by method, path and code."
+        );
+        let _ = writeln!(out, "# TYPE kubelet_http_requests_total counter");
+        for ((method, route, code), (count, _)) in &requests {
+            let _ = writeln!(
+                out,
+                "kubelet_http_requests_total{{code=\"{code}\",method=\"{method}\",path=\"{route}\",server_type=\"readwrite\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP kubelet_http_requests_duration_seconds_sum Total seconds spent answering HTTP requests, by method, path and code."
+        );
+        let _ = writeln!(out, "# TYPE kubelet_http_requests_duration_seconds_sum counter");
+        for ((method, route, code), (_, seconds)) in &requests {
+            let _ = writeln!(
+                out,
+                "kubelet_http_requests_duration_seconds_sum{{code=\"{code}\",method=\"{method}\",path=\"{route}\",server_type=\"readwrite\"}} {seconds}"
+            );
+        }
+        let _ =
+            writeln!(out, "# HELP kubelet_http_inflight_requests Number of HTTP requests being answered.");
+        let _ = writeln!(out, "# TYPE kubelet_http_inflight_requests gauge");
+        let _ = writeln!(
+            out,
+            "kubelet_http_inflight_requests{{server_type=\"readwrite\"}} {}",
+            self.inflight.load(Ordering::Relaxed)
+        );
+
+        let (pods, running, waiting) = {
+            let summaries = lock(&ctx.summaries);
+            let running =
+                summaries.values().flat_map(|p| &p.containers).filter(|c| c.state == "running").count();
+            let all = summaries.values().map(|p| p.containers.len()).sum::<usize>();
+            (summaries.len(), running, all - running)
+        };
+        let _ = writeln!(out, "# HELP kubelet_running_pods Number of pods the kubelet runs.");
+        let _ = writeln!(out, "# TYPE kubelet_running_pods gauge");
+        let _ = writeln!(out, "kubelet_running_pods {pods}");
+        let _ = writeln!(out, "# HELP kubelet_running_containers Number of containers by state.");
+        let _ = writeln!(out, "# TYPE kubelet_running_containers gauge");
+        let _ = writeln!(out, "kubelet_running_containers{{container_state=\"running\"}} {running}");
+        let _ = writeln!(out, "kubelet_running_containers{{container_state=\"other\"}} {waiting}");
+        let _ = writeln!(out, "# HELP kubelet_node_name The node's name. The count is always 1.");
+        let _ = writeln!(out, "# TYPE kubelet_node_name gauge");
+        let _ = writeln!(out, "kubelet_node_name{{node=\"{}\"}} 1", ctx.node_name);
+        process_metrics(&mut out);
+        out
+    }
+}
+
+/// `process_*` from /proc/self.
+fn process_metrics(out: &mut String) {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // From `state` (field 3) on: utime 14, stime 15, starttime 22, rss 24.
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as f64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
+        })
+        .unwrap_or(0.0);
+    let _ =
+        writeln!(out, "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.");
+    let _ = writeln!(out, "# TYPE process_cpu_seconds_total counter");
+    let _ = writeln!(out, "process_cpu_seconds_total {}", (field(14) + field(15)) / ticks);
+    let _ = writeln!(out, "# HELP process_resident_memory_bytes Resident memory size in bytes.");
+    let _ = writeln!(out, "# TYPE process_resident_memory_bytes gauge");
+    let _ = writeln!(out, "process_resident_memory_bytes {}", field(24) * page);
+    let _ = writeln!(
+        out,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds."
+    );
+    let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
+    let _ = writeln!(out, "process_start_time_seconds {}", boot + field(22) / ticks);
+}

@@ -1,0 +1,198 @@
+//! Starting the kubelet API: the serving certificate (files, or the cert-signer with
+//! renewal), the client CA, the listener, the background stats sampling.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpk_cert_signer::Profile;
+use hpk_cert_signer::client::{CertRequest, SignerClient, keep_renewed};
+use hpk_cert_signer::policy::San;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{Authenticator, Authorizer};
+use super::tls::{self, ServingCert};
+use super::{KubeletApi, stats};
+use crate::config::KubeletArgs;
+use crate::error::{Error, Result};
+use crate::pods::Context;
+
+/// How long start-up waits for the cert-signer to issue the serving certificate.
+const SIGNER_WAIT: Duration = Duration::from_secs(30);
+/// How often stats are sampled when nobody asks, so CPU rates are ready when someone does.
+const STATS_EVERY: Duration = Duration::from_secs(10);
+
+/// The kubelet API, bound but not yet serving: the certificate obtained, the port taken.
+pub struct Prepared {
+    listener: tokio::net::TcpListener,
+    config: rustls::ServerConfig,
+    address: SocketAddr,
+}
+
+/// Obtains the serving certificate and binds `--address:--kubelet-port`, before the node is
+/// registered: a node that cannot serve its API is not registered. Nothing listens unless
+/// every check passed.
+pub async fn prepare(
+    args: &KubeletArgs,
+    node: &str,
+    hostname: &str,
+    shutdown: &CancellationToken,
+) -> Result<Prepared> {
+    let serving = serving_certificate(args, node, hostname, shutdown).await?;
+    let client_ca = match &args.client_ca_file {
+        Some(path) => Some(read(path, "--client-ca-file")?),
+        None => {
+            tracing::warn!(
+                "no --client-ca-file: the kubelet API accepts bearer tokens only, not the API server's client certificate"
+            );
+            None
+        }
+    };
+    let config = tls::server_config(serving, client_ca.as_deref()).map_err(Error::Config)?;
+    let address = SocketAddr::new(args.address.unwrap_or(args.node_ip), args.kubelet_port);
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::Config(format!("kubelet API: cannot listen on {address}: {e}")))?;
+    Ok(Prepared { listener, config, address })
+}
+
+impl Prepared {
+    /// Serves until `shutdown`, reviewing tokens and access through `client` (the node's).
+    pub fn serve(
+        self,
+        args: &KubeletArgs,
+        ctx: Arc<Context>,
+        client: kube::Client,
+        shutdown: &CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let api = Arc::new(KubeletApi::new(
+            ctx.clone(),
+            Authenticator::new(client.clone(), args.authentication_token_webhook_cache_ttl),
+            Authorizer::new(
+                client,
+                ctx.node_name.clone(),
+                args.authorization_webhook_cache_authorized_ttl,
+                args.authorization_webhook_cache_unauthorized_ttl,
+            ),
+            stats::Collector::new(ctx.node_name.clone(), args.root_dir.clone(), ctx.logs_dir.clone()),
+        ));
+        tokio::spawn(sample_stats(api.clone(), shutdown.clone()));
+        tracing::info!(address = %self.address, "kubelet API serving (TLS, authenticated, authorized)");
+        tokio::spawn(super::serve(self.listener, Arc::new(self.config), api, shutdown.clone()))
+    }
+}
+
+async fn sample_stats(api: Arc<KubeletApi>, shutdown: CancellationToken) {
+    loop {
+        if let Err(status) = api.stats().summary(&api.context().cri).await {
+            tracing::debug!(error = %status.message(), "stats sample failed");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(STATS_EVERY) => {}
+        }
+    }
+}
+
+/// The serving certificate: from `--tls-cert-file`, or from the cert-signer (renewed in the
+/// background and swapped in without a restart).
+async fn serving_certificate(
+    args: &KubeletArgs,
+    node: &str,
+    hostname: &str,
+    shutdown: &CancellationToken,
+) -> Result<Arc<ServingCert>> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_private_key_file) {
+        return ServingCert::from_files(cert, key).map(Arc::new).map_err(Error::Config);
+    }
+    let url = match (&args.cert_signer_url, &args.cert_signer_address_file) {
+        (Some(url), _) => url.clone(),
+        (None, Some(file)) => std::fs::read_to_string(file).map(|s| s.trim().to_owned()).map_err(|e| {
+            Error::Config(format!("reading --cert-signer-address-file {}: {e}", file.display()))
+        })?,
+        (None, None) => {
+            return Err(Error::Config(
+                "the kubelet API needs a serving certificate: give --cert-signer-url (or \
+                 --cert-signer-address-file) with --cert-signer-ca and --node-token-file, or \
+                 --tls-cert-file and --tls-private-key-file"
+                    .into(),
+            ));
+        }
+    };
+    let ca_path = args
+        .cert_signer_ca
+        .as_deref()
+        .ok_or_else(|| Error::Config("--cert-signer-ca is needed with the cert-signer".into()))?;
+    let token_path = args
+        .node_token_file
+        .as_deref()
+        .ok_or_else(|| Error::Config("--node-token-file is needed with the cert-signer".into()))?;
+    let ca = read(ca_path, "--cert-signer-ca")?;
+    tls::check_private(token_path).map_err(Error::Config)?;
+    let token = String::from_utf8(read(token_path, "--node-token-file")?)
+        .map_err(|_| Error::Config(format!("{} is not text", token_path.display())))?
+        .trim()
+        .to_owned();
+
+    let mut sans = vec![San::Ip(args.node_ip)];
+    for name in [node, hostname] {
+        let dns = San::Dns(name.to_lowercase());
+        if !name.is_empty() && !sans.contains(&dns) {
+            sans.push(dns);
+        }
+    }
+    let request = CertRequest { node_name: node.to_owned(), profile: Profile::Serving, sans };
+    let deadline = tokio::time::Instant::now() + SIGNER_WAIT;
+    let (client, creds) = loop {
+        let attempt = async {
+            let mut client = SignerClient::connect(&url, &ca, &token, None).await?;
+            let creds = client.request(&request).await?;
+            Ok::<_, hpk_cert_signer::Error>((client, creds))
+        };
+        match attempt.await {
+            Ok(done) => break done,
+            // A refusal (bad token, policy) will not change by waiting.
+            Err(e) if is_refusal(&e) => return Err(Error::Signer(format!("{url} refused: {e}"))),
+            Err(e) if tokio::time::Instant::now() >= deadline || shutdown.is_cancelled() => {
+                return Err(Error::Signer(format!(
+                    "{url}: no certificate within {}s: {e}",
+                    SIGNER_WAIT.as_secs()
+                )));
+            }
+            Err(e) => tracing::info!(error = %e, "waiting for the cert-signer"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    tracing::info!(serial = %creds.serial, "serving certificate issued by the cert-signer");
+    let serving = Arc::new(
+        ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes()).map_err(Error::Signer)?,
+    );
+    let (tx, mut rx) = watch::channel(creds.clone());
+    tokio::spawn(keep_renewed(client, request, creds, None, tx, shutdown.clone()));
+    let swapped = serving.clone();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let creds = rx.borrow_and_update().clone();
+            match swapped.replace(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes()) {
+                Ok(()) => tracing::info!(serial = %creds.serial, "serving certificate renewed"),
+                Err(error) => {
+                    tracing::error!(%error, "renewed serving certificate unusable; keeping the old one")
+                }
+            }
+        }
+    });
+    Ok(serving)
+}
+
+fn read(path: &Path, flag: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("reading {flag} {}: {e}", path.display())))
+}
+
+/// The signer answered and said no (token, policy): retrying cannot help.
+fn is_refusal(e: &hpk_cert_signer::Error) -> bool {
+    matches!(e, hpk_cert_signer::Error::Refused(status)
+        if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            | tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition))
+}
