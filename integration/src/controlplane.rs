@@ -358,6 +358,16 @@ impl ControlPlane {
     /// control-plane host, started on first use: it signs kubelet serving certificates with
     /// the server CA, which the API server's `--kubelet-certificate-authority` trusts.
     pub fn cert_signer(&self, rust_bin_dir: &Path) -> Result<CertSigner> {
+        self.cert_signer_with_validity(rust_bin_dir, None)
+    }
+
+    /// [`Self::cert_signer`], the signer started (if this is the first use) with
+    /// `--max-validity=<max_validity>`, e.g. `30s`, so that renewals happen within a test.
+    pub fn cert_signer_with_validity(
+        &self,
+        rust_bin_dir: &Path,
+        max_validity: Option<&str>,
+    ) -> Result<CertSigner> {
         let mut slot = self.signer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((_, signer)) = slot.as_ref() {
             return Ok(signer.clone());
@@ -383,6 +393,9 @@ impl ControlPlane {
             .arg(format!("--token-file={}", p(&token_file)))
             .arg(format!("--shared-dir={}", p(&d.join("shared"))))
             .arg(format!("--apiserver-san={}", self.host.ip));
+        if let Some(validity) = max_validity {
+            cmd.arg(format!("--max-validity={validity}"));
+        }
         let mut process = Process::spawn("hpk-cert-signer", cmd, &self.dir.path().join("cert-signer.log"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while !address_file.is_file() {

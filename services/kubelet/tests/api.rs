@@ -806,3 +806,48 @@ spec:
   groupPriorityMinimum: 100
   versionPriority: 100
 "#;
+
+/// The serial of the certificate the kubelet presents now.
+async fn serving_serial(c: &Cluster) -> String {
+    let out = tokio::process::Command::new("openssl")
+        .args(["s_client", "-connect", &format!("{}:10250", c.node.host().ip), "-CAfile"])
+        .arg(&c.cp.pki().server_ca().cert)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("openssl s_client");
+    let pem = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut x509 = tokio::process::Command::new("openssl")
+        .args(["x509", "-noout", "-serial"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl x509");
+    tokio::io::AsyncWriteExt::write_all(x509.stdin.as_mut().expect("stdin"), pem.as_bytes())
+        .await
+        .expect("write");
+    drop(x509.stdin.take());
+    let out = x509.wait_with_output().await.expect("openssl x509");
+    assert!(out.status.success(), "no certificate from the kubelet: {pem}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_serving_certificate_is_renewed_without_a_restart() {
+    // Certificates valid 30 s: renewed at two thirds of their life.
+    let Some(c) = Cluster::start_with_cert_validity(Some("30s")).await else { return };
+    c.apply(&web(&c.httpd));
+    wait_running(&c, "web").await;
+    let pid = c.node.kubelet_pid();
+    let first = serving_serial(&c).await;
+    let renewed = eventually(&c, "a renewed serving certificate", Duration::from_secs(45), || async {
+        let now = serving_serial(&c).await;
+        (now != first).then_some(now)
+    })
+    .await;
+    eprintln!("serving certificate {first} replaced by {renewed}");
+    assert_eq!(c.node.kubelet_pid(), pid, "the kubelet restarted");
+    // The API server verifies the new certificate as it did the old one.
+    let (code, out, err) = exec(&c, &["web", "--", "echo", "still-served"]);
+    assert_eq!((code, out.as_str()), (0, "still-served\n"), "{err}");
+}

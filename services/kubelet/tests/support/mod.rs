@@ -38,6 +38,12 @@ impl Cluster {
     /// Starts everything and waits until node1 is Ready; `None` (skipped, with the reason
     /// printed) when a prerequisite is missing.
     pub async fn start() -> Option<Self> {
+        Self::start_with_cert_validity(None).await
+    }
+
+    /// [`Self::start`] with the cluster's cert-signer issuing certificates valid for
+    /// `validity` (e.g. `30s`), so the kubelet renews its serving certificate during a test.
+    pub async fn start_with_cert_validity(validity: Option<&str>) -> Option<Self> {
         if !tools_present() {
             return None;
         }
@@ -66,6 +72,7 @@ impl Cluster {
                 "--disk-pressure-percent=1".into(),
             ],
         };
+        cp.cert_signer_with_validity(&options.bin_dir, validity).expect("cert-signer");
         let node = HpkNode::start(&cp, NODE, &dir.path().join("node1"), &options).expect("node1");
         let cluster = Self { node, registry, shell, httpd, admin, cp, dir };
         cluster.wait_ready(Duration::from_secs(60)).await;
