@@ -59,6 +59,12 @@ async fn run() {
     logs_follow(&c);
     exec_round_trip(&c);
     port_forward(&c, &ip).await;
+    let rss = c
+        .node
+        .kubelet_pid()
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().to_owned())));
+    println!("kubelet RSS after the runs (2 pods, API served): {}", rss.unwrap_or_else(|| "unknown".into()));
 }
 
 /// Latency of followed log lines: record timestamp → arrival.
@@ -95,8 +101,12 @@ fn logs_follow(c: &Cluster) {
 /// `kubectl exec ticker -- true` beside `crictl exec <id> true` on the node.
 fn exec_round_trip(c: &Cluster) {
     let endpoint = format!("unix://{}", c.node.runtime_socket().display());
+    // In node1's network namespace: the runtime's streaming server listens on its loopback.
     let crictl = |args: &[&str]| {
-        let out = Command::new("crictl")
+        let out = c
+            .node
+            .host()
+            .command("crictl")
             .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint])
             .args(args)
             .output()
@@ -123,12 +133,19 @@ fn exec_round_trip(c: &Cluster) {
     let direct = time(&|| {
         crictl(&["exec", &id, "true"]);
     });
+    // kubectl itself: process start, kubeconfig, one API request.
+    let get = time(&|| {
+        let status = c.cp.kubectl().args(["get", "pod", "ticker", "-o", "name"]).output().expect("kubectl");
+        assert!(status.status.success());
+    });
     println!(
-        "kubectl exec pod -- true ({EXECS}): p50 {}, p99 {}   | crictl exec on the node (runtime only): p50 {}, p99 {}",
+        "kubectl exec pod -- true ({EXECS}): p50 {}, p99 {}   | crictl exec on the node (runtime only): p50 {}, p99 {}   | kubectl get pod (kubectl's own start + 1 request): p50 {}, p99 {}",
         ms(percentile(&kubectl, 50.0)),
         ms(percentile(&kubectl, 99.0)),
         ms(percentile(&direct, 50.0)),
-        ms(percentile(&direct, 99.0))
+        ms(percentile(&direct, 99.0)),
+        ms(percentile(&get, 50.0)),
+        ms(percentile(&get, 99.0))
     );
 }
 

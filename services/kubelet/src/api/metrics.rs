@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::pods::{Context, lock};
 
 /// (method, route, code) → (count, seconds).
-type Requests = BTreeMap<(String, &'static str, u16), (u64, f64)>;
+type Requests = BTreeMap<(&'static str, &'static str, u16), (u64, f64)>;
 
 /// Request counters and the in-flight gauge.
 #[derive(Debug, Default)]
@@ -35,10 +35,13 @@ impl Metrics {
         Inflight(&self.inflight)
     }
 
-    /// Counts a finished request.
+    /// Counts a finished request. Methods other than the standard ones count as `other`, so
+    /// clients (even unauthenticated ones) cannot grow the label set without bound.
     pub fn observe(&self, method: &str, route: &'static str, code: u16, took: Duration) {
+        const KNOWN: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+        let method = KNOWN.iter().find(|m| **m == method).copied().unwrap_or("other");
         let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = requests.entry((method.to_owned(), route, code)).or_default();
+        let entry = requests.entry((method, route, code)).or_default();
         entry.0 += 1;
         entry.1 += took.as_secs_f64();
     }
@@ -128,4 +131,21 @@ fn process_metrics(out: &mut String) {
     );
     let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
     let _ = writeln!(out, "process_start_time_seconds {}", boot + field(22) / ticks);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_methods_share_one_label() {
+        let m = Metrics::default();
+        for method in ["GET", "BREW", "WHEN", "GET"] {
+            m.observe(method, "pods", 405, Duration::from_millis(1));
+        }
+        let requests = m.requests.lock().expect("lock").clone();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[&("GET", "pods", 405)].0, 2);
+        assert_eq!(requests[&("other", "pods", 405)].0, 2);
+    }
 }
