@@ -105,7 +105,10 @@ pub async fn upgrade(mut req: Request<Incoming>, url: &str) -> Result<Response<B
         let (mut client, mut backend) = (TokioIo::new(client), TokioIo::new(backend));
         // Ends when either side closes: the other connection is dropped with it, so a client
         // that goes away ends its session on the runtime too.
-        let copied = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+        // 64 KiB buffers (tokio's default is 8 KiB): fewer TLS records and wake-ups per byte
+        // of a port-forward or a large exec output.
+        let copied =
+            tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, 64 << 10, 64 << 10).await;
         tracing::debug!(?copied, "stream session ended");
     });
     Ok(response)
