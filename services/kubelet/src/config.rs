@@ -113,16 +113,11 @@ impl KubeletArgs {
                 .to_string_lossy()
                 .to_lowercase(),
         };
-        let valid = !name.is_empty()
-            && name.len() <= 253
-            && name.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            });
-        if valid { Ok(name) } else { Err(format!("node name {name:?} is not a DNS-1123 subdomain")) }
+        if is_dns_subdomain(&name) {
+            Ok(name)
+        } else {
+            Err(format!("node name {name:?} is not a DNS-1123 subdomain"))
+        }
     }
 
     /// Where pod logs go.
@@ -134,6 +129,19 @@ impl KubeletArgs {
     pub fn diagnostics_socket(&self) -> PathBuf {
         self.diagnostics_socket.clone().unwrap_or_else(|| self.root_dir.join("kubelet.sock"))
     }
+}
+
+/// Whether `name` is a DNS-1123 subdomain (lower case), as node names and DNS SANs must be.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
 }
 
 /// Parses `KEY[=VALUE]:EFFECT` as kubectl taint does.
@@ -159,6 +167,16 @@ pub fn parse_taint(text: &str) -> Result<Taint, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_subdomains() {
+        for good in ["node1", "gpu-07.cluster.local", "a"] {
+            assert!(is_dns_subdomain(good), "{good}");
+        }
+        for bad in ["", "Node1", "node_1", "-a", "a-", "a..b", &"x".repeat(64)] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn taints_parse_like_kubectls() {

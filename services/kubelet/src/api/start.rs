@@ -136,11 +136,15 @@ async fn serving_certificate(
         .trim()
         .to_owned();
 
+    // The node name is a DNS name by construction; a host name that is not one (upper case
+    // aside) would make the signer refuse the whole request, so it is left out.
     let mut sans = vec![San::Ip(args.node_ip)];
-    for name in [node, hostname] {
-        let dns = San::Dns(name.to_lowercase());
-        if !name.is_empty() && !sans.contains(&dns) {
+    for name in [node.to_owned(), hostname.to_lowercase()] {
+        let dns = San::Dns(name.clone());
+        if crate::config::is_dns_subdomain(&name) && !sans.contains(&dns) {
             sans.push(dns);
+        } else if !sans.contains(&dns) {
+            tracing::info!(name, "not a DNS name; left out of the serving certificate");
         }
     }
     let request = CertRequest { node_name: node.to_owned(), profile: Profile::Serving, sans };
