@@ -422,6 +422,11 @@ async fn the_kubelet_api_authenticates_authorizes_and_refuses_bad_input() {
         ps(&c).contains("sleep 4242").then_some(())
     })
     .await;
+    let sessions = |c: &Cluster| -> Option<String> {
+        let metrics = kubelet(c, "/metrics", &as_apiserver).ok()?.1;
+        metrics.lines().find_map(|l| l.strip_prefix("kubelet_streaming_sessions ").map(str::to_owned))
+    };
+    assert_ne!(sessions(&c).as_deref(), Some("0"), "the running exec is not counted as a session");
     kill(&mut client);
     let gone = Instant::now();
     eventually(&c, "the exec'd sleep gone after its client", Duration::from_secs(15), || async {
@@ -429,6 +434,10 @@ async fn the_kubelet_api_authenticates_authorizes_and_refuses_bad_input() {
     })
     .await;
     eprintln!("exec'd command killed {:?} after its client went away", gone.elapsed());
+    eventually(&c, "no streaming session left at the kubelet", Duration::from_secs(15), || async {
+        (sessions(&c).as_deref() == Some("0")).then_some(())
+    })
+    .await;
 
     // A broken or oversized SPDY frame ends that session only, before any command ran.
     let oversized = vec![0x80, 0x03, 0x00, 0x01, 0x00, 0xff, 0xff, 0xff];

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::pods::{Context, lock};
@@ -17,6 +17,16 @@ type Requests = BTreeMap<(&'static str, &'static str, u16), (u64, f64)>;
 pub struct Metrics {
     requests: Mutex<Requests>,
     inflight: AtomicI64,
+    sessions: Arc<AtomicI64>,
+}
+
+/// Counts an exec, attach or port-forward session as open while it lives.
+pub struct Session(Arc<AtomicI64>);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts a request as in flight while it lives.
@@ -33,6 +43,12 @@ impl Metrics {
     pub fn inflight(&self) -> Inflight<'_> {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         Inflight(&self.inflight)
+    }
+
+    /// Marks a streaming session open until the guard drops.
+    pub fn session(&self) -> Session {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        Session(self.sessions.clone())
     }
 
     /// Counts a finished request. Methods other than the standard ones count as `other`, so
@@ -80,6 +96,13 @@ impl Metrics {
             "kubelet_http_inflight_requests{{server_type=\"readwrite\"}} {}",
             self.inflight.load(Ordering::Relaxed)
         );
+
+        let _ = writeln!(
+            out,
+            "# HELP kubelet_streaming_sessions Exec, attach and port-forward sessions being proxied to the runtime."
+        );
+        let _ = writeln!(out, "# TYPE kubelet_streaming_sessions gauge");
+        let _ = writeln!(out, "kubelet_streaming_sessions {}", self.sessions.load(Ordering::Relaxed));
 
         let (pods, running, waiting) = {
             let summaries = lock(&ctx.summaries);

@@ -22,8 +22,13 @@ const REFUSAL_MAX: usize = 64 * 1024;
 /// Request headers not passed to the runtime: credentials stay with the kubelet.
 const DROPPED: [header::HeaderName; 3] = [header::AUTHORIZATION, header::HOST, header::PROXY_AUTHORIZATION];
 
-/// Proxies upgrade request `req` to `url` (`http://127.0.0.1:PORT/...` from the runtime).
-pub async fn upgrade(mut req: Request<Incoming>, url: &str) -> Result<Response<Body>, ApiError> {
+/// Proxies upgrade request `req` to `url` (`http://127.0.0.1:PORT/...` from the runtime);
+/// `session` counts the session as open until its bytes stop flowing.
+pub async fn upgrade(
+    mut req: Request<Incoming>,
+    url: &str,
+    session: super::metrics::Session,
+) -> Result<Response<Body>, ApiError> {
     if !req.headers().contains_key(header::UPGRADE) {
         return Err(ApiError::bad_request("Upgrade request required"));
     }
@@ -95,6 +100,7 @@ pub async fn upgrade(mut req: Request<Incoming>, url: &str) -> Result<Response<B
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *response.headers_mut() = answer.headers().clone();
     tokio::spawn(async move {
+        let _session = session;
         let (client, backend) = match tokio::join!(client_side, backend_side) {
             (Ok(c), Ok(b)) => (c, b),
             (Err(e), _) | (_, Err(e)) => {

@@ -270,7 +270,7 @@ impl KubeletApi {
                     stderr: q.stderr,
                 };
                 let url = ctx.cri.runtime.clone().exec(request).await.map_err(status_error)?.into_inner().url;
-                proxy::upgrade(req, &url).await
+                proxy::upgrade(req, &url, self.metrics.session()).await
             }
             Route::Attach { namespace, pod, uid, container } => {
                 let q = StreamQuery::parse(req.uri().query())?;
@@ -285,7 +285,7 @@ impl KubeletApi {
                 };
                 let url =
                     ctx.cri.runtime.clone().attach(request).await.map_err(status_error)?.into_inner().url;
-                proxy::upgrade(req, &url).await
+                proxy::upgrade(req, &url, self.metrics.session()).await
             }
             Route::PortForward { namespace, pod, uid } => {
                 let pod = lookup::pod(ctx, &namespace, &pod, uid.as_deref())?;
@@ -300,7 +300,7 @@ impl KubeletApi {
                     .map_err(status_error)?
                     .into_inner()
                     .url;
-                proxy::upgrade(req, &url).await
+                proxy::upgrade(req, &url, self.metrics.session()).await
             }
         }
     }
