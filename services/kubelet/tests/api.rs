@@ -454,6 +454,24 @@ async fn the_kubelet_api_authenticates_authorizes_and_refuses_bad_input() {
     }
     assert!(!ps(&c).contains("sleep 4343"), "a command ran for a broken session");
 
+    // WebSocket straight at the kubelet (the channel protocol v5, as client-go's WebSocket
+    // executor speaks it): upgraded, the protocol chosen, the command's output in a stdout
+    // message (channel 1), the exit status on the error channel (3).
+    let ws = websocket_upgrade(
+        &c,
+        &as_apiserver,
+        "/exec/default/sleeper/main?command=echo&command=ws-hi&output=1&error=1",
+    );
+    assert!(
+        ws.contains("101 Switching Protocols")
+            && ws.to_lowercase().contains("sec-websocket-protocol: v5.channel.k8s.io"),
+        "{ws}"
+    );
+    assert!(ws.contains("\u{1}ws-hi\n"), "no stdout message with the output: {ws:?}");
+    assert!(ws.contains("\u{3}{\"metadata\":{},\"status\":\"Success\"}"), "no success status: {ws:?}");
+    let ws = websocket_upgrade(&c, &as_apiserver, "/portForward/default/web?ports=8080");
+    assert!(ws.to_lowercase().contains("sec-websocket-protocol: spdy/3.1+portforward.k8s.io"), "{ws}");
+
     // The kubelet still serves after all that.
     assert_eq!(kubelet(&c, "/healthz", &as_apiserver).expect("healthz").0, 200);
     assert_eq!(c.kubectl(&["logs", "web"]), "");
@@ -859,4 +877,31 @@ async fn the_serving_certificate_is_renewed_without_a_restart() {
     // The API server verifies the new certificate as it did the old one.
     let (code, out, err) = exec(&c, &["web", "--", "echo", "still-served"]);
     assert_eq!((code, out.as_str()), (0, "still-served\n"), "{err}");
+}
+
+/// A WebSocket upgrade of `path` at the kubelet with curl (offering the protocols client-go
+/// offers), for 3 s: the response head and whatever frames arrived, as text.
+fn websocket_upgrade(c: &Cluster, auth: &[&str], path: &str) -> String {
+    let url = format!("https://{}:10250{path}", c.node.host().ip);
+    let out = Command::new("curl")
+        .args(["-sS", "-i", "--http1.1", "--max-time", "3", "--cacert"])
+        .arg(&c.cp.pki().server_ca().cert)
+        .args(auth)
+        .args([
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Version: 13",
+            "-H",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "-H",
+            "Sec-WebSocket-Protocol: v5.channel.k8s.io, v4.channel.k8s.io, SPDY/3.1+portforward.k8s.io",
+        ])
+        .arg(&url)
+        .output()
+        .expect("curl");
+    // Frames from the server are unmasked: a 2-byte header, then the channel byte and data.
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
