@@ -200,3 +200,65 @@ fn is_refusal(e: &hpk_cert_signer::Error) -> bool {
         if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
             | tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: KubeletArgs,
+    }
+
+    fn args(extra: &[&str]) -> KubeletArgs {
+        let base = ["hpk-kubelet", "--kubeconfig=/nonexistent", "--node-ip=127.0.0.1"];
+        let more = ["--runtime-socket=/nonexistent", "--root-dir=/nonexistent", "--kubelet-port=0"];
+        Cli::try_parse_from(base.iter().chain(&more).chain(extra)).expect("flags").args
+    }
+
+    async fn refusal(extra: &[&str]) -> String {
+        match prepare(&args(extra), "node1", "node1", &CancellationToken::new()).await {
+            Err(Error::Config(message)) => message,
+            Err(other) => panic!("{extra:?}: not a configuration error: {other}"),
+            Ok(_) => panic!("{extra:?}: the API started"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_unsafe_certificate_source_is_a_configuration_error() {
+        assert!(refusal(&[]).await.contains("needs a serving certificate"));
+        assert!(refusal(&["--cert-signer-url=https://127.0.0.1:1"]).await.contains("--cert-signer-ca"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "secret").expect("write");
+        std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
+        let (ca, token_flag) = (
+            format!("--cert-signer-ca={}", token.display()),
+            format!("--node-token-file={}", token.display()),
+        );
+        let message = refusal(&["--cert-signer-url=https://127.0.0.1:1", &ca, &token_flag]).await;
+        assert!(message.contains("must be 0600"), "{message}");
+        let cert = dir.path().join("none.crt");
+        let message = refusal(&[
+            &format!("--tls-cert-file={}", cert.display()),
+            &format!("--tls-private-key-file={}", token.display()),
+        ])
+        .await;
+        assert!(message.contains("0600"), "{message}");
+        // Flags that need each other are refused by the parser itself.
+        assert!(
+            Cli::try_parse_from([
+                "hpk-kubelet",
+                "--kubeconfig=/x",
+                "--node-ip=127.0.0.1",
+                "--runtime-socket=/x",
+                "--root-dir=/x",
+                "--tls-cert-file=/x"
+            ])
+            .is_err()
+        );
+    }
+}
