@@ -617,7 +617,8 @@ async fn stats_summary_and_resource_metrics_show_known_load() {
     assert!(burn["containers"][0]["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap_or(0) > 1_000_000_000);
     let hog_ws = hog["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
     assert!((64 << 20..=400 << 20).contains(&hog_ws), "a pod holding 64 MiB shows {hog_ws} bytes");
-    assert!(idle["memory"]["workingSetBytes"].as_u64().unwrap_or(u64::MAX) < 32 << 20);
+    let idle_ws = idle["memory"]["workingSetBytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(idle_ws < 32 << 20, "an idle pod shows {idle_ws} bytes: {idle}");
     assert!(s["node"]["fs"]["capacityBytes"].as_u64().unwrap_or(0) > 0, "{s}");
     assert!(burn["network"]["name"].is_string(), "pod network missing: {burn}");
 

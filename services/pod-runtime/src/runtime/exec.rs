@@ -325,11 +325,18 @@ pub(crate) fn sandbox_processes(pause_pid: u32) -> Vec<SandboxProcess> {
             let pids = ns_pids(&dir)?;
             let sandbox_pid = *pids.get(level.checked_sub(1)?)?;
             let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-            if std::fs::read_link(dir.join("ns/pid")).ok()? != ns {
-                // Deeper, and the same process (same start time) in the sandbox's view.
-                let inner =
-                    std::fs::read_to_string(inner_proc.join(sandbox_pid.to_string()).join("stat")).ok()?;
-                if pids.len() <= level || start_time(&inner)? != start_time(&stat)? {
+            let own_ns = std::fs::read_link(dir.join("ns/pid")).ok()?;
+            if own_ns != ns {
+                // Deeper, and the same process in the sandbox's view: the sandbox's procfs
+                // shows, under that PID, a process of the same PID namespace that started at
+                // the same tick. (PID and start tick alone can match a process of another
+                // sandbox whose containers started in the same tick with the same numbers.)
+                let inner = inner_proc.join(sandbox_pid.to_string());
+                let inner_stat = std::fs::read_to_string(inner.join("stat")).ok()?;
+                if pids.len() <= level
+                    || std::fs::read_link(inner.join("ns/pid")).ok()? != own_ns
+                    || start_time(&inner_stat)? != start_time(&stat)?
+                {
                     return None;
                 }
             }
