@@ -22,6 +22,16 @@ const REFUSAL_MAX: usize = 64 * 1024;
 /// Request headers not passed to the runtime: credentials stay with the kubelet.
 const DROPPED: [header::HeaderName; 3] = [header::AUTHORIZATION, header::HOST, header::PROXY_AUTHORIZATION];
 
+/// Refuses a streaming request that is not an upgrade, before the runtime is asked for a URL
+/// (each one holds a single-use token there for a minute).
+pub fn require_upgrade(req: &Request<Incoming>) -> Result<(), ApiError> {
+    if req.headers().contains_key(header::UPGRADE) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request("Upgrade request required"))
+    }
+}
+
 /// Proxies upgrade request `req` to `url` (`http://127.0.0.1:PORT/...` from the runtime);
 /// `session` counts the session as open until its bytes stop flowing.
 pub async fn upgrade(
@@ -29,9 +39,7 @@ pub async fn upgrade(
     url: &str,
     session: super::metrics::Session,
 ) -> Result<Response<Body>, ApiError> {
-    if !req.headers().contains_key(header::UPGRADE) {
-        return Err(ApiError::bad_request("Upgrade request required"));
-    }
+    require_upgrade(&req)?;
     let target: http::Uri =
         url.parse().map_err(|e| ApiError::internal(format!("the runtime's streaming URL {url:?}: {e}")))?;
     let authority = target

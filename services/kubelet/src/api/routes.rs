@@ -261,6 +261,8 @@ impl KubeletApi {
                 }
                 let pod = lookup::pod(ctx, &namespace, &pod, uid.as_deref())?;
                 let id = lookup::running_container(ctx, &pod, &container).await?;
+                // After the lookups (unknown pod → 404, as upstream), before a token is spent.
+                proxy::require_upgrade(&req)?;
                 let request = cri::ExecRequest {
                     container_id: id,
                     cmd: q.command,
@@ -276,6 +278,8 @@ impl KubeletApi {
                 let q = StreamQuery::parse(req.uri().query())?;
                 let pod = lookup::pod(ctx, &namespace, &pod, uid.as_deref())?;
                 let id = lookup::running_container(ctx, &pod, &container).await?;
+                // After the lookups (unknown pod → 404, as upstream), before a token is spent.
+                proxy::require_upgrade(&req)?;
                 let request = cri::AttachRequest {
                     container_id: id,
                     tty: q.tty,
@@ -290,6 +294,8 @@ impl KubeletApi {
             Route::PortForward { namespace, pod, uid } => {
                 let pod = lookup::pod(ctx, &namespace, &pod, uid.as_deref())?;
                 let sandbox = lookup::ready_sandbox(ctx, &pod).await?;
+                // After the lookups (unknown pod → 404, as upstream), before a token is spent.
+                proxy::require_upgrade(&req)?;
                 let request = cri::PortForwardRequest { pod_sandbox_id: sandbox, port: Vec::new() };
                 let url = ctx
                     .cri
