@@ -197,11 +197,15 @@ async fn port_forward(c: &Cluster, pod_ip: &str) {
         .host()
         .command("crictl")
         .args(["--runtime-endpoint", &endpoint, "port-forward", &sandbox, "18080:8080"])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("crictl port-forward");
-    std::thread::sleep(Duration::from_secs(2));
+    // Ready once it says it forwards (client-go's "Forwarding from 127.0.0.1:18080 -> 8080").
+    let mut crictl_lines = BufReader::new(crictl_forward.stdout.take().expect("stdout")).lines();
+    let ready = crictl_lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(ready.contains("Forwarding from"), "crictl port-forward: {ready:?}");
+    std::thread::spawn(move || for _ in crictl_lines {});
     let mut through = Vec::new();
     let mut direct = Vec::new();
     let mut runtime_only = Vec::new();
