@@ -85,7 +85,7 @@ impl ControlPlane {
             .tempdir()
             .map_err(|e| Error::io("create", "temp dir", e))?;
         let service_ip: IpAddr = "10.96.0.1".parse().expect("literal");
-        let pki = ClusterPki::generate(&dir.path().join("pki"), &[IpAddr::V4(host.ip)], service_ip)?;
+        let pki = ClusterPki::generate(&dir.path().join("pki"), "hpk-test", &[IpAddr::V4(host.ip)], service_ip)?;
         let api_url = format!("https://{}:{API_PORT}", host.ip);
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;

@@ -1,0 +1,482 @@
+//! The bubble launcher (`hpk bubble`): one rootless bubble on this host.
+//!
+//! ```text
+//!  host (as the user)                                bubble (crun: user+pid+mount+net+ipc+uts ns)
+//!  hpk bubble ── binds every published port ─┐       hpk bubble-init (PID 1: reaps, forwards TERM)
+//!    (TCP: kubelet [, apiserver, cert-signer];│ fds     └─ hpk bubble-init --supervise
+//!     UDP: tunnel) on ADDRESS:0               └─3,4,…──►    relays each TCP port to 127.0.0.1:same port,
+//!    crun create --preserve-fds ──────────────────────►    starts and restarts the services in order
+//!    slirp4netns --configure (egress only) ──tap0──────►   (controller: etcd, API server, controller-
+//!    crun start; waits for SIGTERM or the bubble's end      manager, scheduler, cert-signer; every node:
+//!    teardown: crun kill TERM → bounded wait → KILL,        net-forwarder, pod-runtime, kubelet)
+//!    crun delete, slirp4netns stopped, files removed
+//! ```
+//!
+//! Every published port is chosen free by the kernel at start and recorded in the cluster's
+//! `nodes/<node>.json`, so clusters share a host. The sockets are created here, in the host's
+//! network namespace, and inherited by the bubble: nothing relays between namespaces but the
+//! bubble's own copy loops, and slirp4netns carries only the bubble's outbound connections.
+
+pub mod spec;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cluster::{self, NodeRecord, Shared};
+use crate::error::{Error, Result};
+use crate::{fds, image, preflight};
+
+/// How long the bubble gets to stop its services after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(45);
+
+/// A bubble's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The control plane and the cert-signer, and a node.
+    Controller,
+    /// A node.
+    Worker,
+}
+
+impl Role {
+    /// `controller` or `worker`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Controller => "controller",
+            Self::Worker => "worker",
+        }
+    }
+
+    /// The TCP ports this role publishes (UDP `tunnel` comes on top).
+    pub fn tcp_ports(self) -> &'static [&'static str] {
+        match self {
+            Self::Controller => &["apiserver", "cert-signer", "kubelet"],
+            Self::Worker => &["kubelet"],
+        }
+    }
+}
+
+/// `hpk bubble` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BubbleArgs {
+    /// The cluster's name (its shared directory is ~/.hpk/<cluster>).
+    #[arg(long, default_value = cluster::DEFAULT_NAME)]
+    pub cluster: String,
+    /// The node's name.
+    #[arg(long)]
+    pub node: String,
+    /// Controller (control plane + node) or worker.
+    #[arg(long, value_enum)]
+    pub role: Role,
+    /// The host address published ports are bound on and the node is reached at.
+    #[arg(long)]
+    pub address: Ipv4Addr,
+    /// The hpk-bubble image: an OCI image layout directory or an oci-archive tar.
+    #[arg(long, env = "HPK_IMAGE")]
+    pub image: PathBuf,
+    /// More arguments for the kubelet inside (repeatable).
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    pub kubelet_args: Vec<String>,
+}
+
+/// The host side of a bubble, as set up; [`Launched::teardown`] undoes it.
+pub struct Launched {
+    id: String,
+    node_dir: PathBuf,
+    crun_root: PathBuf,
+    record: PathBuf,
+    pid: nix::unistd::Pid,
+    slirp: Option<std::process::Child>,
+}
+
+/// Runs a bubble until SIGTERM/SIGINT or until it ends; returns the exit code.
+///
+/// Must be called before any thread starts: it moves the process into a private mount
+/// namespace (for crun on hosts with hybrid cgroups).
+pub fn run(args: &BubbleArgs) -> Result<i32> {
+    preflight::check_all()?;
+    let shared = Shared::new(&args.cluster)?;
+    cluster::check_label(&args.node, "node name")?;
+    // crun refuses hosts with hybrid cgroups unless the v2 hierarchy is hidden, which needs a
+    // mount namespace of our own: entered before any thread starts.
+    if let Err(e) = hpk_pod_runtime::engine::enter_private_mount_namespace()
+        && hpk_pod_runtime::engine::CgroupMode::detect() == hpk_pod_runtime::engine::CgroupMode::Hybrid
+    {
+        return Err(Error::Prerequisite {
+            what: format!("this host mounts hybrid cgroups, which crun refuses, and hiding them failed: {e}"),
+            fix: "run on a host with cgroup v2 (unified) or v1 only, or as root".into(),
+        });
+    }
+    let signals = block_signals()?;
+    let launched = launch(args, &shared)?;
+    let outcome = wait(&launched, &signals);
+    launched.teardown();
+    outcome
+}
+
+/// The signals the launcher waits for, blocked so they queue for `sigtimedwait`.
+fn block_signals() -> Result<nix::sys::signal::SigSet> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGCHLD] {
+        set.add(s);
+    }
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
+        .map_err(|e| Error::io("block", "signals", e.into()))?;
+    Ok(set)
+}
+
+fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
+    let node_dir = cluster::node_dir(&shared.name, &args.node);
+    let record_path = shared.node_file(&args.node);
+    if let Ok(Ok(existing)) = std::fs::read(&record_path).map(|b| serde_json::from_slice::<NodeRecord>(&b))
+        && process_alive(existing.launcher_pid)
+        && existing.host == hostname()
+    {
+        return Err(Error::Invalid(format!(
+            "node {} of cluster {} already runs (launcher PID {}); stop it with `hpk down --name {}`",
+            args.node, shared.name, existing.launcher_pid, shared.name
+        )));
+    }
+    image::create_private_dir(&shared.dir)?;
+    image::create_private_dir(&shared.nodes_dir())?;
+    if node_dir.exists() {
+        std::fs::remove_dir_all(&node_dir).map_err(|e| Error::io("remove stale", node_dir.display(), e))?;
+    }
+    for sub in ["", "etc", "logs", "crun", "bundle"] {
+        image::create_private_dir(&node_dir.join(sub))?;
+    }
+    let unpacked = image::unpack(&args.image, &cluster::image_cache())?;
+    tracing::info!(image = %args.image.display(), digest = %unpacked.digest, "image ready");
+
+    // Every published port, bound now in the host's namespace.
+    let mut sockets: Vec<(String, OwnedFd, u16)> = Vec::new();
+    for name in args.role.tcp_ports() {
+        let listener = TcpListener::bind(SocketAddr::from((args.address, 0)))
+            .map_err(|e| port_error(name, args.address, e))?;
+        let port = listener.local_addr().map_err(|e| Error::io("read", "a listener's port", e))?.port();
+        sockets.push(((*name).to_owned(), listener.into(), port));
+    }
+    let udp = UdpSocket::bind(SocketAddr::from((args.address, 0)))
+        .map_err(|e| port_error("tunnel", args.address, e))?;
+    let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
+    sockets.push(("tunnel".into(), udp.into(), tunnel_port));
+
+    let write = |rel: &str, text: String| cluster::write_file(&node_dir.join(rel), text.as_bytes(), 0o644);
+    // Outbound DNS through slirp4netns' resolver; the node's name is the host's address.
+    write("etc/resolv.conf", "nameserver 10.0.2.3\n".into())?;
+    write("etc/hosts", format!("127.0.0.1 localhost\n::1 localhost\n{} {}\n", args.address, args.node))?;
+
+    let ports: Vec<String> = sockets.iter().map(|(n, _, p)| format!("{n}={p}")).collect();
+    let mut init_args = vec![
+        "/usr/local/bin/hpk".to_owned(),
+        "bubble-init".into(),
+        format!("--cluster={}", shared.name),
+        format!("--node={}", args.node),
+        format!("--role={}", args.role.as_str()),
+        format!("--address={}", args.address),
+        format!("--ports={}", ports.join(",")),
+    ];
+    init_args.extend(args.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")));
+    let uid = nix::unistd::getuid().as_raw();
+    let gid = nix::unistd::getgid().as_raw();
+    let user =
+        nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
+    let subordinate = |file: &str| {
+        // Several ranges need newuidmap/newgidmap (the uidmap package); root maps directly.
+        if uid == 0 {
+            Some((100_000, 65_536))
+        } else if Command::new("newuidmap").arg("--help").output().is_ok() {
+            spec::subordinate_range(file, &user, uid)
+        } else {
+            None
+        }
+    };
+    let (uid_map, gid_map) = spec::id_maps(uid, gid, subordinate("/etc/subuid"), subordinate("/etc/subgid"));
+    let mut env = vec![
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+        format!("HOME={}", spec::NODE_DIR),
+        format!("RUST_LOG={}", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
+    ];
+    env.push(format!(
+        "HPK_FDS={}",
+        sockets
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _, _))| format!("{n}={}", 3 + i))
+            .collect::<Vec<_>>()
+            .join(",")
+    ));
+    let tun = preflight::tun_device();
+    let config = spec::config(&spec::BubbleSpec {
+        rootfs: &unpacked.rootfs,
+        hostname: &args.node,
+        args: init_args,
+        env,
+        node_dir: &node_dir,
+        shared_dir: &shared.dir,
+        tun: &tun,
+        uid_map,
+        gid_map,
+    });
+    let bundle = node_dir.join("bundle");
+    cluster::write_file(
+        &bundle.join("config.json"),
+        serde_json::to_string_pretty(&config).unwrap_or_default().as_bytes(),
+        0o600,
+    )?;
+
+    let id = format!("hpk-{}-{}", shared.name, args.node);
+    let crun_root = node_dir.join("crun");
+    let log = node_dir.join("logs/bubble.log");
+    let log_file = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| Error::io("open", log.display(), e))
+    };
+    let pid_file = node_dir.join("bubble.pid");
+    let mut create = crun(&crun_root);
+    create
+        .arg("create")
+        .arg("--bundle")
+        .arg(&bundle)
+        .arg("--pid-file")
+        .arg(&pid_file)
+        .arg(format!("--preserve-fds={}", sockets.len()))
+        .arg(&id)
+        .stdin(Stdio::null())
+        .stdout(log_file()?)
+        .stderr(log_file()?);
+    let fd_refs: Vec<&OwnedFd> = sockets.iter().map(|(_, fd, _)| fd).collect();
+    fds::pass(&mut create, &fd_refs);
+    let mut partial = Launched {
+        id: id.clone(),
+        node_dir: node_dir.clone(),
+        crun_root: crun_root.clone(),
+        record: record_path.clone(),
+        pid: nix::unistd::Pid::from_raw(0),
+        slirp: None,
+    };
+    let status = create.status().map_err(|e| Error::io("run", "crun create", e))?;
+    drop(sockets); // the bubble holds them now
+    if !status.success() {
+        let tail = tail(&log, 20);
+        partial.teardown();
+        return Err(Error::Failed {
+            what: "crun create (the bubble)".into(),
+            detail: format!("{status}\n{tail}"),
+        });
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| Error::Failed { what: "crun create".into(), detail: "wrote no PID file".into() })?;
+    partial.pid = nix::unistd::Pid::from_raw(pid);
+
+    match start_slirp(pid, &node_dir) {
+        Ok(child) => partial.slirp = Some(child),
+        Err(e) => {
+            partial.teardown();
+            return Err(e);
+        }
+    }
+    let started = crun(&crun_root).arg("start").arg(&id).stdin(Stdio::null()).output();
+    match started {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            partial.teardown();
+            return Err(Error::Failed {
+                what: "crun start".into(),
+                detail: String::from_utf8_lossy(&o.stderr).into_owned(),
+            });
+        }
+        Err(e) => {
+            partial.teardown();
+            return Err(Error::io("run", "crun start", e));
+        }
+    }
+    let record = NodeRecord {
+        node: args.node.clone(),
+        role: args.role.as_str().into(),
+        address: args.address,
+        launcher_pid: std::process::id(),
+        host: hostname(),
+        state_dir: node_dir.clone(),
+        ports: ports
+            .iter()
+            .filter_map(|p| p.split_once('=').and_then(|(n, v)| Some((n.to_owned(), v.parse().ok()?))))
+            .collect(),
+    };
+    cluster::write_file(
+        &record_path,
+        serde_json::to_string_pretty(&record).unwrap_or_default().as_bytes(),
+        0o644,
+    )?;
+    tracing::info!(node = %args.node, pid, ports = %ports.join(","), "bubble started");
+    Ok(partial)
+}
+
+fn port_error(name: &str, address: Ipv4Addr, e: std::io::Error) -> Error {
+    Error::Prerequisite {
+        what: format!("no free port on {address} for the {name}: {e}"),
+        fix: "free some ports, or widen the local port range (sysctl net.ipv4.ip_local_port_range), or pick another --address".into(),
+    }
+}
+
+fn crun(root: &Path) -> Command {
+    let mut cmd = Command::new("crun");
+    fds::unblock_signals(&mut cmd);
+    cmd.arg(format!("--root={}", root.display())).arg("--cgroup-manager=disabled");
+    cmd
+}
+
+/// slirp4netns on the bubble's network namespace: `tap0`, a default route, DNS at 10.0.2.3;
+/// the host's loopback is not reachable from the bubble. Waits for its ready signal.
+fn start_slirp(pid: i32, node_dir: &Path) -> Result<std::process::Child> {
+    let (ready_read, ready_write) =
+        nix::unistd::pipe().map_err(|e| Error::io("create", "a pipe", e.into()))?;
+    let log = node_dir.join("logs/slirp4netns.log");
+    let file = std::fs::File::create(&log).map_err(|e| Error::io("create", log.display(), e))?;
+    let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
+    let mut cmd = Command::new("slirp4netns");
+    cmd.args(["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3"])
+        .arg(format!("--userns-path=/proc/{pid}/ns/user"))
+        .arg("--netns-type=path")
+        .arg(format!("/proc/{pid}/ns/net"))
+        .arg("tap0")
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err);
+    fds::pass(&mut cmd, &[&ready_write]);
+    let mut child = cmd.spawn().map_err(|e| Error::io("start", "slirp4netns", e))?;
+    drop(ready_write);
+    // The ready byte, or EOF if slirp4netns died; bounded by polling the pipe.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut reader = std::fs::File::from(ready_read);
+    set_nonblocking(&reader);
+    loop {
+        let mut byte = [0u8; 1];
+        match std::io::Read::read(&mut reader, &mut byte) {
+            Ok(1) => return Ok(child),
+            Ok(_) => break, // EOF: it exited
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        let fd = std::os::fd::AsFd::as_fd(&reader);
+        let mut poll = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(100u16));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(Error::Failed { what: "slirp4netns (the bubble's egress)".into(), detail: tail(&log, 10) })
+}
+
+fn set_nonblocking(file: &std::fs::File) {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    if let Ok(flags) = fcntl(file, FcntlArg::F_GETFL) {
+        let _ = fcntl(file, FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK));
+    }
+}
+
+/// Waits for a stop signal or the bubble's end.
+fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> {
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let fd = SignalFd::with_flags(signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| Error::io("create", "a signalfd", e.into()))?;
+    loop {
+        // The bubble's first process is not our child (crun forked it); check it by PID.
+        if !process_alive(launched.pid.as_raw() as u32) {
+            return Err(Error::Failed {
+                what: "the bubble".into(),
+                detail: format!(
+                    "it ended by itself; log:\n{}",
+                    tail(&launched.node_dir.join("logs/bubble.log"), 30)
+                ),
+            });
+        }
+        let mut poll = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&fd), nix::poll::PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(1000u16));
+        while let Ok(Some(info)) = fd.read_signal() {
+            let signal = nix::sys::signal::Signal::try_from(info.ssi_signo as i32);
+            match signal {
+                Ok(nix::sys::signal::Signal::SIGCHLD) => {
+                    // Reap what exited among our own children (slirp4netns, crun leftovers).
+                    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                        if status == WaitStatus::StillAlive {
+                            break;
+                        }
+                    }
+                }
+                Ok(signal) => {
+                    tracing::info!(%signal, "stopping the bubble");
+                    return Ok(0);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+impl Launched {
+    /// Stops the bubble (SIGTERM, then SIGKILL after [`STOP_GRACE`]), deletes it, stops
+    /// slirp4netns and removes the node's files and record.
+    pub fn teardown(mut self) {
+        if self.pid.as_raw() > 0 && process_alive(self.pid.as_raw() as u32) {
+            let _ = crun(&self.crun_root).args(["kill", &self.id, "TERM"]).output();
+            let deadline = Instant::now() + STOP_GRACE;
+            while process_alive(self.pid.as_raw() as u32) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if process_alive(self.pid.as_raw() as u32) {
+                tracing::warn!(bubble = %self.id, "still running after {} s: killing it", STOP_GRACE.as_secs());
+                let _ = crun(&self.crun_root).args(["kill", "--all", &self.id, "KILL"]).output();
+            }
+        }
+        let _ = crun(&self.crun_root).args(["delete", "--force", &self.id]).output();
+        if let Some(mut slirp) = self.slirp.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(slirp.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = slirp.wait();
+        }
+        let _ = std::fs::remove_file(&self.record);
+        if let Err(e) = std::fs::remove_dir_all(&self.node_dir) {
+            tracing::warn!(dir = %self.node_dir.display(), error = %e, "could not remove the node directory");
+        }
+        tracing::info!(bubble = %self.id, "bubble removed");
+    }
+}
+
+/// Whether `pid` is a live process (zombies count as gone).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|s| s != "Z" && s != "X"),
+        Err(_) => false,
+    }
+}
+
+/// This host's name.
+pub fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default()
+}
+
+/// The last `lines` lines of a log file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

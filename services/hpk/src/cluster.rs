@@ -1,0 +1,184 @@
+//! Where a cluster's files live.
+//!
+//! - The **shared directory** `~/.hpk/<cluster>/` (`$HPK_HOME` instead of `~/.hpk`): what users
+//!   and the other bubbles read — `kubeconfig` and `node-token` (0600), `ca.crt` (public), the
+//!   endpoint files (`apiserver`, `cert-signer`: URLs) and `nodes/<node>.json` (each bubble's
+//!   published ports and its launcher's PID). On a Slurm cluster this is the NFS home; no
+//!   private key of a CA is ever written here.
+//! - The **node directory** `$HPK_STATE_DIR/<cluster>/<node>/` (default `/tmp/hpk-<uid>`,
+//!   node-local, 0700): the bubble's bundle and crun state, the controller's CA keys and etcd
+//!   data, the runtime's and kubelet's state, the logs. Removed when the bubble stops.
+//! - The **image cache** `$HPK_STATE_DIR/images/`: unpacked root filesystems, shared by the
+//!   bubbles of this machine, one per image manifest.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The default cluster name.
+pub const DEFAULT_NAME: &str = "hpk";
+
+/// A cluster's shared directory.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The cluster's name.
+    pub name: String,
+    /// `~/.hpk/<name>`.
+    pub dir: PathBuf,
+}
+
+impl Shared {
+    /// The shared directory of cluster `name`; the name must be a DNS label (it prefixes node
+    /// names).
+    pub fn new(name: &str) -> Result<Self> {
+        check_label(name, "cluster name")?;
+        Ok(Self { name: name.to_owned(), dir: hpk_home()?.join(name) })
+    }
+
+    /// The admin kubeconfig (0600).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// The node token (0600).
+    pub fn node_token(&self) -> PathBuf {
+        self.dir.join("node-token")
+    }
+
+    /// The server CA's certificate: pins the API server, the cert-signer and kubelets.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// The API server's URL as every bubble and the user reach it.
+    pub fn apiserver_url(&self) -> PathBuf {
+        self.dir.join("apiserver")
+    }
+
+    /// The cert-signer's URL.
+    pub fn signer_url(&self) -> PathBuf {
+        self.dir.join("cert-signer")
+    }
+
+    /// Node endpoint files.
+    pub fn nodes_dir(&self) -> PathBuf {
+        self.dir.join("nodes")
+    }
+
+    /// The endpoint file of `node`.
+    pub fn node_file(&self, node: &str) -> PathBuf {
+        self.nodes_dir().join(format!("{node}.json"))
+    }
+
+    /// Every node's endpoint record, sorted by name; unreadable files are reported.
+    pub fn nodes(&self) -> Vec<std::result::Result<NodeRecord, String>> {
+        let Ok(entries) = std::fs::read_dir(self.nodes_dir()) else { return Vec::new() };
+        let mut paths: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        paths.sort();
+        paths
+            .into_iter()
+            .map(|p| {
+                std::fs::read(&p)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+                    .map_err(|e| format!("{}: {e}", p.display()))
+            })
+            .collect()
+    }
+}
+
+/// What a bubble publishes about itself in `nodes/<node>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The node's name.
+    pub node: String,
+    /// `controller` or `worker`.
+    pub role: String,
+    /// The host address every published port is bound on.
+    pub address: Ipv4Addr,
+    /// The launcher's PID (on `host`).
+    pub launcher_pid: u32,
+    /// The host the launcher runs on.
+    pub host: String,
+    /// The node directory on that host.
+    pub state_dir: PathBuf,
+    /// Published ports: `kubelet`, `tunnel` (UDP), and on the controller `apiserver`,
+    /// `cert-signer`.
+    pub ports: Vec<(String, u16)>,
+}
+
+impl NodeRecord {
+    /// The published port named `name`.
+    pub fn port(&self, name: &str) -> Option<u16> {
+        self.ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p)
+    }
+}
+
+/// `$HPK_HOME`, else `~/.hpk`.
+pub fn hpk_home() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("HPK_HOME") {
+        return Ok(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME").ok_or_else(|| Error::Prerequisite {
+        what: "HOME is not set".into(),
+        fix: "set HOME, or HPK_HOME to the directory for cluster files".into(),
+    })?;
+    Ok(PathBuf::from(home).join(".hpk"))
+}
+
+/// `$HPK_STATE_DIR`, else `/tmp/hpk-<uid>`: node-local state.
+pub fn state_base() -> PathBuf {
+    std::env::var_os("HPK_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/hpk-{}", nix::unistd::getuid())))
+}
+
+/// The node directory of `node` in cluster `cluster`.
+pub fn node_dir(cluster: &str, node: &str) -> PathBuf {
+    state_base().join(cluster).join(node)
+}
+
+/// The image cache.
+pub fn image_cache() -> PathBuf {
+    state_base().join("images")
+}
+
+/// Fails unless `value` is a DNS-1123 label (lower case, digits, '-', ≤ 63).
+pub fn check_label(value: &str, what: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{what} {value:?} must be a DNS label: lower-case letters, digits and '-', at most 63"
+        )))
+    }
+}
+
+/// Writes `contents` to `path` atomically (a temporary file renamed over it) with `mode`.
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(|e| Error::io("create", tmp.display(), e))?;
+    file.write_all(contents).map_err(|e| Error::io("write", tmp.display(), e))?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", path.display(), e))
+}

@@ -1,0 +1,89 @@
+//! Passing descriptors to a child at fixed numbers (3, 4, …): the published host sockets to
+//! `crun create --preserve-fds`, a ready pipe to slirp4netns. `std::process::Command` has no
+//! safe way to place a descriptor at a number, so this is the crate's one `unsafe` block.
+
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+
+/// Makes `fds[i]` descriptor `3 + i` in the child `cmd` starts (close-on-exec cleared there);
+/// the parent's descriptors are unchanged. The descriptors must stay open until the spawn.
+pub fn pass(cmd: &mut std::process::Command, fds: &[&OwnedFd]) {
+    unblock_signals(cmd);
+    let sources: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    // SAFETY: the closure runs in the child between fork and exec and calls only dup, dup2 and
+    // fcntl (async-signal-safe) on descriptors that are open there; it allocates nothing (the
+    // vectors were built before the fork and are only read).
+    unsafe {
+        cmd.pre_exec(move || {
+            // First move every source above the target range, so a source that already sits on
+            // a target number is not overwritten before it is copied.
+            let base = 3 + sources.len() as RawFd;
+            let mut moved = [0 as RawFd; 16];
+            if sources.len() > moved.len() {
+                return Err(std::io::Error::other("too many descriptors to pass"));
+            }
+            for (i, &fd) in sources.iter().enumerate() {
+                let copy = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, base);
+                if copy < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                moved[i] = copy;
+            }
+            for (i, &copy) in moved.iter().take(sources.len()).enumerate() {
+                // dup2 clears close-on-exec on the new descriptor.
+                if libc::dup2(copy, 3 + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Empties the signal mask in the child `cmd` starts: the launcher and the bubble's reaper
+/// block the signals they wait for, and a mask is inherited across exec (slirp4netns would
+/// otherwise never see its SIGTERM).
+pub fn unblock_signals(cmd: &mut std::process::Command) {
+    // SAFETY: runs between fork and exec; sigemptyset and sigprocmask are async-signal-safe
+    // and touch only the stack-allocated set.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(set.as_mut_ptr());
+            if libc::sigprocmask(libc::SIG_SETMASK, set.as_ptr(), std::ptr::null_mut()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Claims inherited descriptor `fd` as a listening TCP socket (as `bubble-init` receives the
+/// published ports); refuses anything else. Call at most once per descriptor.
+pub fn claim_listener(fd: RawFd) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::{BorrowedFd, FromRawFd};
+    if fd < 3 {
+        return Err(std::io::Error::other(format!("descriptor {fd} is a standard stream")));
+    }
+    // SAFETY: F_GETFD only inspects the descriptor table entry.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(std::io::Error::other(format!("descriptor {fd} is not open")));
+    }
+    // SAFETY: checked open just above; borrowed only for the two getsockopt calls.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let kind = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
+        .map_err(|e| std::io::Error::other(format!("descriptor {fd} is not a socket: {e}")))?;
+    let listening = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::AcceptConn)
+        .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
+    if kind != nix::sys::socket::SockType::Stream || !listening {
+        return Err(std::io::Error::other(format!("descriptor {fd} is not a listening TCP socket")));
+    }
+    // SAFETY: an open, listening stream socket nothing else in this process owns (claimed once,
+    // right after start); ownership moves into the listener, which closes it.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
+    Ok(listener)
+}

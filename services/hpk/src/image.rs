@@ -1,0 +1,351 @@
+//! The bubble image: an OCI image layout (a directory with `oci-layout`, `index.json` and
+//! `blobs/sha256/…`, as `images/build.sh` writes it) or an oci-archive tar of one, unpacked
+//! once per manifest into a root filesystem the bubbles share read-only.
+//!
+//! Every blob's digest is checked before it is used, and every layer's uncompressed digest
+//! against the config's `diff_ids`; an image that fails a check is refused whole and nothing of
+//! it is left behind (layers are unpacked into a temporary directory renamed into place).
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Directories every bubble mounts something on; created in the root filesystem because the
+/// bubbles run it read-only.
+pub const MOUNT_POINTS: &[&str] =
+    &["proc", "sys", "dev", "run", "tmp", "var/tmp", "var/lib/hpk", "hpk/shared", "etc"];
+
+#[derive(Deserialize)]
+struct Index {
+    manifests: Vec<Descriptor>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: Option<String>,
+    digest: String,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Deserialize)]
+struct Config {
+    rootfs: RootFs,
+}
+
+#[derive(Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// An unpacked image.
+#[derive(Debug, Clone)]
+pub struct Unpacked {
+    /// The manifest's digest (`sha256:…`).
+    pub digest: String,
+    /// The root filesystem.
+    pub rootfs: PathBuf,
+}
+
+/// Unpacks the image at `image` (layout directory or oci-archive tar) under `cache`, unless
+/// that manifest is unpacked there already; returns the root filesystem.
+pub fn unpack(image: &Path, cache: &Path) -> Result<Unpacked> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
+    let meta = std::fs::metadata(image)
+        .map_err(|e| bad(format!("{e} (build it with `make images`, or pass --image)")))?;
+    create_private_dir(cache)?;
+    if meta.is_dir() {
+        return unpack_layout(image, image, cache);
+    }
+    // An oci-archive: extract the layout into a temporary directory first.
+    let staging = tempdir_in(cache, ".archive-")?;
+    let file = File::open(image).map_err(|e| Error::io("open", image.display(), e))?;
+    let mut archive = tar::Archive::new(BufReader::new(file));
+    for entry in archive.entries().map_err(|e| bad(format!("not a tar archive: {e}")))? {
+        let mut entry = entry.map_err(|e| bad(format!("corrupt archive: {e}")))?;
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_dir()) {
+            return Err(bad("an oci-archive holds only files and directories".into()));
+        }
+        let ok = entry.unpack_in(staging.path()).map_err(|e| bad(format!("corrupt archive: {e}")))?;
+        if !ok {
+            return Err(bad("an archive entry points outside the layout".into()));
+        }
+    }
+    unpack_layout(image, staging.path(), cache)
+}
+
+fn unpack_layout(image: &Path, layout: &Path, cache: &Path) -> Result<Unpacked> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
+    let index: Index = serde_json::from_slice(&read_small(&layout.join("index.json"), image)?)
+        .map_err(|e| bad(format!("index.json: {e}")))?;
+    let [descriptor] = index.manifests.as_slice() else {
+        return Err(bad(format!("index.json lists {} manifests, expected one", index.manifests.len())));
+    };
+    if let Some(kind) = &descriptor.media_type
+        && kind != MANIFEST
+        && kind != DOCKER_MANIFEST
+    {
+        return Err(bad(format!("index.json names a {kind}, expected an image manifest")));
+    }
+    let manifest_bytes = read_blob(layout, image, descriptor)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_bytes).map_err(|e| bad(format!("manifest: {e}")))?;
+    let config: Config = serde_json::from_slice(&read_blob(layout, image, &manifest.config)?)
+        .map_err(|e| bad(format!("config: {e}")))?;
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(bad(format!(
+            "the config names {} layers, the manifest {}",
+            config.rootfs.diff_ids.len(),
+            manifest.layers.len()
+        )));
+    }
+    let hex = hex_of(&descriptor.digest).map_err(bad)?;
+    let done = cache.join(hex);
+    if done.join("rootfs").is_dir() {
+        return Ok(Unpacked { digest: descriptor.digest.clone(), rootfs: done.join("rootfs") });
+    }
+    let staging = tempdir_in(cache, ".unpack-")?;
+    let rootfs = staging.path().join("rootfs");
+    std::fs::create_dir(&rootfs).map_err(|e| Error::io("create", rootfs.display(), e))?;
+    for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
+        let path = blob_path(layout, &layer.digest).map_err(bad)?;
+        check_digest(&path, &layer.digest, Some(layer.size)).map_err(bad)?;
+        apply_layer(&path, &rootfs, diff_id).map_err(|e| bad(format!("layer {}: {e}", layer.digest)))?;
+    }
+    for dir in MOUNT_POINTS {
+        let d = rootfs.join(dir);
+        std::fs::create_dir_all(&d).map_err(|e| Error::io("create", d.display(), e))?;
+    }
+    for file in ["etc/resolv.conf", "etc/hosts", "etc/hostname"] {
+        let f = rootfs.join(file);
+        if std::fs::symlink_metadata(&f).is_err() {
+            std::fs::write(&f, "").map_err(|e| Error::io("create", f.display(), e))?;
+        }
+    }
+    let staged = staging.keep();
+    match std::fs::rename(&staged, &done) {
+        Ok(()) => {}
+        // Another launcher unpacked the same image meanwhile: use its copy.
+        Err(_) if done.join("rootfs").is_dir() => {
+            let _ = std::fs::remove_dir_all(&staged);
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staged);
+            return Err(Error::io("rename", done.display(), e));
+        }
+    }
+    Ok(Unpacked { digest: descriptor.digest.clone(), rootfs: done.join("rootfs") })
+}
+
+/// Applies one layer (gzip'd or plain tar) to `root`, with OCI whiteouts, checking that its
+/// uncompressed content hashes to `diff_id`.
+fn apply_layer(path: &Path, root: &Path, diff_id: &str) -> std::result::Result<(), String> {
+    let mut file = File::open(path).map_err(|e| e.to_string())?;
+    let mut magic = [0u8; 2];
+    let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(BufReader::new(file)))
+    } else {
+        Box::new(BufReader::new(file))
+    };
+    let mut hashing = HashingReader { inner: reader, hash: Sha256::new() };
+    let mut archive = tar::Archive::new(&mut hashing);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(false);
+    archive.set_unpack_xattrs(false);
+    archive.set_overwrite(true);
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.path().map_err(|e| e.to_string())?.into_owned();
+        let relative = safe_relative(&name)?;
+        let Some(base) = relative.file_name().and_then(|b| b.to_str()).map(str::to_owned) else {
+            continue; // the layer's root directory itself
+        };
+        let parent = root.join(relative.parent().unwrap_or(Path::new("")));
+        if base == ".wh..wh..opq" {
+            if let Ok(children) = std::fs::read_dir(&parent) {
+                for child in children.flatten() {
+                    remove_any(&child.path())?;
+                }
+            }
+            continue;
+        }
+        if let Some(hidden) = base.strip_prefix(".wh.") {
+            remove_any(&parent.join(hidden))?;
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
+            continue; // device nodes come from the bubble's /dev, never from a layer
+        }
+        // An entry replaces whatever a lower layer had there, unless both are directories.
+        let target = root.join(&relative);
+        if let Ok(existing) = std::fs::symlink_metadata(&target)
+            && !(existing.is_dir() && kind.is_dir())
+        {
+            remove_any(&target)?;
+        }
+        let unpacked = entry.unpack_in(root).map_err(|e| format!("{}: {e}", relative.display()))?;
+        if !unpacked {
+            return Err(format!("{} points outside the root filesystem", relative.display()));
+        }
+    }
+    // Read what tar leaves unread (padding), so the digest covers the whole stream.
+    std::io::copy(&mut hashing, &mut std::io::sink()).map_err(|e| e.to_string())?;
+    let got = format!("sha256:{}", hex::encode(hashing.hash.finalize()));
+    if got != diff_id {
+        return Err(format!("uncompressed digest {got}, the config says {diff_id}"));
+    }
+    Ok(())
+}
+
+fn safe_relative(name: &Path) -> std::result::Result<PathBuf, String> {
+    let mut out = PathBuf::new();
+    for part in name.components() {
+        match part {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(format!("{} leaves the root filesystem", name.display()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn remove_any(path: &Path) -> std::result::Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display())),
+        Ok(_) => std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display())),
+        Err(_) => Ok(()),
+    }
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn read_small(path: &Path, image: &Path) -> Result<Vec<u8>> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    if meta.len() > 4 << 20 {
+        return Err(bad(format!("{} is {} bytes, too large for metadata", path.display(), meta.len())));
+    }
+    std::fs::read(path).map_err(|e| bad(format!("{}: {e}", path.display())))
+}
+
+fn read_blob(layout: &Path, image: &Path, descriptor: &Descriptor) -> Result<Vec<u8>> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
+    let path = blob_path(layout, &descriptor.digest).map_err(bad)?;
+    let bytes = read_small(&path, image)?;
+    check_bytes(&bytes, &descriptor.digest, Some(descriptor.size)).map_err(bad)?;
+    Ok(bytes)
+}
+
+fn hex_of(digest: &str) -> std::result::Result<&str, String> {
+    match digest.strip_prefix("sha256:") {
+        Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
+            Ok(h)
+        }
+        _ => Err(format!("{digest:?} is not a sha256 digest")),
+    }
+}
+
+fn blob_path(layout: &Path, digest: &str) -> std::result::Result<PathBuf, String> {
+    Ok(layout.join("blobs/sha256").join(hex_of(digest)?))
+}
+
+fn check_bytes(bytes: &[u8], digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
+    if let Some(size) = size
+        && bytes.len() as u64 != size
+    {
+        return Err(format!("blob {digest} has {} bytes, the descriptor says {size}", bytes.len()));
+    }
+    let got = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
+    if got != digest {
+        return Err(format!("blob {digest} hashes to {got}: corrupt"));
+    }
+    Ok(())
+}
+
+fn check_digest(path: &Path, digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
+    let mut file = File::open(path).map_err(|e| format!("blob {digest}: {e}"))?;
+    let mut hash = Sha256::new();
+    let n = std::io::copy(&mut file, &mut hash).map_err(|e| format!("blob {digest}: {e}"))?;
+    if let Some(size) = size
+        && n != size
+    {
+        return Err(format!("blob {digest} has {n} bytes, the descriptor says {size}"));
+    }
+    let got = format!("sha256:{}", hex::encode(hash.finalize()));
+    if got != digest {
+        return Err(format!("blob {digest} hashes to {got}: corrupt"));
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and parents) with mode 0700 for the last component.
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::io("chmod", dir.display(), e))
+}
+
+/// A temporary directory under `parent`, removed on drop unless kept.
+struct TempDir(Option<PathBuf>);
+
+impl TempDir {
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new("/nonexistent"))
+    }
+
+    fn keep(mut self) -> PathBuf {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn tempdir_in(parent: &Path, prefix: &str) -> Result<TempDir> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::io("generate", "a name", std::io::Error::other(e.to_string())))?;
+    let dir = parent.join(format!("{prefix}{}", hex::encode(bytes)));
+    std::fs::create_dir(&dir).map_err(|e| Error::io("create", dir.display(), e))?;
+    Ok(TempDir(Some(dir)))
+}
+
+#[cfg(test)]
+#[path = "image_tests.rs"]
+mod tests;

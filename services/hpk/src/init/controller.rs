@@ -1,0 +1,357 @@
+//! The controller bubble's control plane: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler (the upstream components of the image's multi-call binary) and
+//! hpk-cert-signer, started in that order, each awaited; then the cluster's shared files are
+//! published — the admin kubeconfig last, so that its presence means "the control plane is
+//! ready".
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use kube::Api;
+use kube::api::PostParams;
+
+use super::InitArgs;
+use super::supervisor::{Service, Supervisor};
+use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
+use crate::cluster::write_file;
+use crate::error::{Error, Result};
+use crate::pki::{ClusterPki, write_embedded_kubeconfig, write_kubeconfig};
+
+/// The Service CIDR; its first address is the `kubernetes` Service.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The pod CIDR node podCIDRs are cut from (/24 each).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+const BOUND: Duration = Duration::from_secs(120);
+
+/// Starts the control plane and publishes the shared files.
+pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
+    let node_dir = Path::new(NODE_DIR);
+    let shared = Path::new(SHARED_DIR);
+    let api_port = args.port("apiserver")?;
+    let signer_port = args.port("cert-signer")?;
+    let d = |sub: &str| node_dir.join(sub);
+    let p = |path: &Path| path.display().to_string();
+    let pki_dir = d("pki");
+    let pki = ClusterPki::generate(
+        &pki_dir,
+        &format!("hpk-{}", args.cluster),
+        &[IpAddr::V4(args.address)],
+        "10.96.0.1".parse().map_err(|_| Error::Invalid("service IP".into()))?,
+    )?;
+    let local_api = format!("https://127.0.0.1:{api_port}");
+
+    sup.start(Service::new(
+        "etcd",
+        "/usr/local/bin/etcd",
+        vec![
+            format!("--name={}", args.node),
+            format!("--data-dir={}", p(&d("etcd"))),
+            // The bubble's own loopback: nothing outside the bubble reaches it.
+            "--listen-client-urls=http://127.0.0.1:2379".into(),
+            "--advertise-client-urls=http://127.0.0.1:2379".into(),
+            "--listen-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+            format!("--initial-cluster={}=http://127.0.0.1:2380", args.node),
+            // The cluster lives as long as the job: its data need not survive a power loss.
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ],
+    ))?;
+    wait(sup, "etcd", "etcd /health", || async {
+        http_get_plain("127.0.0.1:2379", "/health").await.map(|b| b.contains("\"health\":\"true\""))
+    })
+    .await?;
+
+    sup.start(Service::new(
+        "kube-apiserver",
+        "/usr/local/bin/kube-apiserver",
+        vec![
+            "--etcd-servers=http://127.0.0.1:2379".into(),
+            // Published through the bubble's relay at the same port on the host's address, which
+            // is also what the `kubernetes` Service's endpoint names.
+            "--bind-address=127.0.0.1".into(),
+            format!("--advertise-address={}", args.address),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p(&d("apiserver"))),
+            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
+            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
+            format!("--client-ca-file={}", p(&pki.client_ca().cert)),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p(&pki.service_account_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.service_account_key)),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!("--kubelet-client-certificate={}", p(&pki.apiserver_kubelet_client.cert)),
+            format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
+            format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            format!("--requestheader-client-ca-file={}", p(&pki.request_header_ca.cert)),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)),
+            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ],
+    ))?;
+    let admin_local = d("admin.kubeconfig");
+    let admin_files = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
+    write_kubeconfig(&admin_local, &local_api, &pki.server_ca().cert, "admin", &admin_files)?;
+    let admin = client(&admin_local).await?;
+    wait(sup, "kube-apiserver", "kube-apiserver /readyz", || {
+        let admin = admin.clone();
+        async move { get_text(&admin, "/readyz").await.map(|b| b.trim() == "ok") }
+    })
+    .await?;
+
+    let component = |file: &str, cn: &str| -> Result<PathBuf> {
+        let files = pki.client_cert(file, cn, &[])?;
+        let path = d(&format!("{file}.kubeconfig"));
+        write_kubeconfig(&path, &local_api, &pki.server_ca().cert, file, &files)?;
+        Ok(path)
+    };
+    let cm = component("controller-manager", "system:kube-controller-manager")?;
+    let (server_ca, client_ca) = (pki.server_ca().clone(), pki.client_ca().clone());
+    sup.start(Service::new(
+        "kube-controller-manager",
+        "/usr/local/bin/kube-controller-manager",
+        vec![
+            format!("--kubeconfig={}", p(&cm)),
+            format!("--authentication-kubeconfig={}", p(&cm)),
+            format!("--authorization-kubeconfig={}", p(&cm)),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=10257".into(),
+            format!("--cert-dir={}", p(&d("controller-manager"))),
+            format!("--service-account-private-key-file={}", p(&pki.service_account_key)),
+            format!("--root-ca-file={}", p(&server_ca.cert)),
+            "--use-service-account-credentials=true".into(),
+            "--allocate-node-cidrs=true".into(),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--node-cidr-mask-size=24".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--cluster-signing-kubelet-serving-cert-file={}", p(&server_ca.cert)),
+            format!("--cluster-signing-kubelet-serving-key-file={}", p(&server_ca.key)),
+            format!("--cluster-signing-kubelet-client-cert-file={}", p(&client_ca.cert)),
+            format!("--cluster-signing-kubelet-client-key-file={}", p(&client_ca.key)),
+            // A node whose Lease stops is Unknown after 20 s and its pods are evicted soon after,
+            // so a lost bubble's pods come back elsewhere quickly.
+            "--node-monitor-grace-period=20s".into(),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ],
+    ))?;
+    let sched = component("scheduler", "system:kube-scheduler")?;
+    sup.start(Service::new(
+        "kube-scheduler",
+        "/usr/local/bin/kube-scheduler",
+        vec![
+            format!("--kubeconfig={}", p(&sched)),
+            format!("--authentication-kubeconfig={}", p(&sched)),
+            format!("--authorization-kubeconfig={}", p(&sched)),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=10259".into(),
+            format!("--cert-dir={}", p(&d("scheduler"))),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ],
+    ))?;
+    for (service, port) in [("kube-controller-manager", 10257), ("kube-scheduler", 10259)] {
+        let probe = insecure_client(&format!("https://127.0.0.1:{port}"))?;
+        wait(sup, service, &format!("{service} /healthz"), || {
+            let probe = probe.clone();
+            async move { get_text(&probe, "/healthz").await.map(|b| b.trim() == "ok") }
+        })
+        .await?;
+    }
+
+    // The node token and the tunnel key: made here, kept 0600 in the shared directory.
+    let token = shared.join("node-token");
+    if !token.is_file() {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
+        write_file(&token, hex::encode(bytes).as_bytes(), 0o600)?;
+    }
+    let tunnel_key = shared.join("tunnel-key");
+    if !tunnel_key.is_file() {
+        let out = tokio::process::Command::new("/usr/local/bin/hpk-net-forwarder")
+            .arg("gen-key")
+            .arg(&tunnel_key)
+            .output()
+            .await
+            .map_err(|e| Error::io("run", "hpk-net-forwarder gen-key", e))?;
+        if !out.status.success() {
+            return Err(Error::Failed {
+                what: "hpk-net-forwarder gen-key".into(),
+                detail: String::from_utf8_lossy(&out.stderr).into(),
+            });
+        }
+    }
+    let signer_address = d("cert-signer.address");
+    let _ = std::fs::remove_file(&signer_address);
+    sup.start(Service::new(
+        "hpk-cert-signer",
+        "/usr/local/bin/hpk-cert-signer",
+        vec![
+            "serve".into(),
+            format!("--listen=127.0.0.1:{signer_port}"),
+            format!("--advertise={}", args.address),
+            format!("--address-file={}", p(&signer_address)),
+            format!("--serving-ca-cert={}", p(&server_ca.cert)),
+            format!("--serving-ca-key={}", p(&server_ca.key)),
+            format!("--client-ca-cert={}", p(&client_ca.cert)),
+            format!("--client-ca-key={}", p(&client_ca.key)),
+            format!("--token-file={}", p(&token)),
+            format!("--shared-dir={SHARED_DIR}"),
+            // The API server's in-cluster address; its host address is not listed: every bubble
+            // on that host (the controller's own node first) is a node reached at that address.
+            "--apiserver-san=10.96.0.1".into(),
+        ],
+    ))?;
+    wait(sup, "hpk-cert-signer", "hpk-cert-signer's address file", || {
+        let f = signer_address.clone();
+        async move { Ok(f.is_file()) }
+    })
+    .await?;
+
+    apply_node_rbac(&admin).await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    wait(sup, "kube-controller-manager", "the default ServiceAccount", || {
+        let accounts = accounts.clone();
+        async move { accounts.get_opt("default").await.map(|sa| sa.is_some()).map_err(|e| e.to_string()) }
+    })
+    .await?;
+
+    // Published: public certificates, URLs, then the admin kubeconfig (the "ready" mark).
+    let copy = |from: &Path, to: &str, mode: u32| -> Result<()> {
+        let bytes = std::fs::read(from).map_err(|e| Error::io("read", from.display(), e))?;
+        write_file(&shared.join(to), &bytes, mode)
+    };
+    copy(&server_ca.cert, "ca.crt", 0o644)?;
+    copy(&client_ca.cert, "client-ca.crt", 0o644)?;
+    copy(&signer_address, "cert-signer", 0o644)?;
+    let public_api = format!("https://{}:{api_port}", args.address);
+    write_file(&shared.join("apiserver"), public_api.as_bytes(), 0o644)?;
+    write_embedded_kubeconfig(
+        &shared.join("kubeconfig"),
+        &format!("hpk-{}", args.cluster),
+        &public_api,
+        &server_ca.cert,
+        "admin",
+        &admin_files,
+    )?;
+    tracing::info!(api = %public_api, "control plane ready");
+    Ok(())
+}
+
+/// Kubernetes 1.35 lets a node read only its own Node; the net-forwarder follows the others'
+/// podCIDRs and tunnel endpoints, so `system:nodes` may get/list/watch nodes.
+async fn apply_node_rbac(admin: &kube::Client) -> Result<()> {
+    let name = "hpk:node-peer-reader";
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["nodes".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Group".into(),
+            name: "system:nodes".into(),
+            ..Default::default()
+        }]),
+    };
+    ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)?;
+    ignore_exists(
+        Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await,
+    )?;
+    Ok(())
+}
+
+fn ignore_exists<T>(r: std::result::Result<T, kube::Error>) -> Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Polls `probe` every 100 ms until it answers true, for at most [`BOUND`]; fails at once if
+/// `service` exits meanwhile.
+pub async fn wait<F, Fut>(sup: &Supervisor, service: &str, what: &str, mut probe: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<bool, String>>,
+{
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let started = std::time::Instant::now();
+    loop {
+        sup.check_running(service)?;
+        let last = match probe().await {
+            Ok(true) => {
+                tracing::info!(%what, seconds = started.elapsed().as_secs_f64(), "ready");
+                return Ok(());
+            }
+            Ok(false) => "answered, not ready".to_owned(),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::NotReady { what: what.into(), seconds: BOUND.as_secs(), detail: last });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A plain-HTTP GET on the bubble's loopback (etcd's health); the body.
+async fn http_get_plain(addr: &str, path: &str) -> std::result::Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut body))
+        .await
+        .map_err(|_| "no answer within 2 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+/// A client from a kubeconfig file.
+pub async fn client(path: &Path) -> Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn insecure_client(url: &str) -> Result<kube::Client> {
+    let mut config = kube::Config::new(url.parse().map_err(|e| Error::Invalid(format!("{url}: {e}")))?);
+    config.accept_invalid_certs = true;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn get_text(client: &kube::Client, path: &str) -> std::result::Result<String, String> {
+    let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+    client.request_text(request).await.map_err(|e| e.to_string())
+}

@@ -1,0 +1,162 @@
+//! Inside the bubble: `hpk bubble-init`.
+//!
+//! The bubble's first process is a small reaper (PID 1 of the bubble's PID namespace): it
+//! starts `hpk bubble-init --supervise` with the same arguments, forwards SIGTERM/SIGINT to it,
+//! reaps every orphan the runtime's shims and containers leave, and exits with the supervisor's
+//! status. The supervisor ([`supervise`]) relays the published ports, starts the services in
+//! dependency order with a readiness check each (every wait bounded, failing with what it saw),
+//! restarts any that exits with back-off, and on SIGTERM stops them in reverse order.
+
+mod controller;
+mod node;
+mod relay;
+mod supervisor;
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+pub use controller::client;
+
+use crate::bubble::Role;
+use crate::error::{Error, Result};
+
+/// `hpk bubble-init` arguments (set by the launcher).
+#[derive(Debug, Clone, clap::Args)]
+pub struct InitArgs {
+    /// The cluster's name.
+    #[arg(long)]
+    pub cluster: String,
+    /// This node's name.
+    #[arg(long)]
+    pub node: String,
+    /// This bubble's role.
+    #[arg(long, value_enum)]
+    pub role: Role,
+    /// The host address the published ports are bound on.
+    #[arg(long)]
+    pub address: Ipv4Addr,
+    /// Published ports, `name=port,…`.
+    #[arg(long, value_delimiter = ',')]
+    pub ports: Vec<String>,
+    /// More kubelet arguments.
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    pub kubelet_args: Vec<String>,
+    /// Run as the supervisor (the reaper starts it so).
+    #[arg(long, hide = true)]
+    pub supervise: bool,
+}
+
+impl InitArgs {
+    /// The published port `name`.
+    pub fn port(&self, name: &str) -> Result<u16> {
+        self.ports
+            .iter()
+            .find_map(|p| p.split_once('=').filter(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok()))
+            .ok_or_else(|| Error::Invalid(format!("--ports names no {name} port")))
+    }
+}
+
+/// The inherited descriptor of published socket `name` (from `HPK_FDS`).
+pub fn inherited_fd(name: &str) -> Result<i32> {
+    std::env::var("HPK_FDS")
+        .unwrap_or_default()
+        .split(',')
+        .find_map(|p| p.split_once('=').filter(|(n, _)| *n == name).and_then(|(_, v)| v.parse().ok()))
+        .ok_or_else(|| Error::Invalid(format!("HPK_FDS names no descriptor for {name}")))
+}
+
+/// The reaper: PID 1 of the bubble. Returns the exit code.
+pub fn reap(args: &InitArgs) -> Result<i32> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGCHLD] {
+        set.add(s);
+    }
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)
+        .map_err(|e| Error::io("block", "signals", e.into()))?;
+    let fd = SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| Error::io("create", "a signalfd", e.into()))?;
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/local/bin/hpk"));
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1)).arg("--supervise");
+    // The mask is inherited across exec: the supervisor must get its signals.
+    crate::fds::unblock_signals(&mut cmd);
+    let child = cmd.spawn().map_err(|e| Error::io("start", "the bubble's supervisor", e))?;
+    let supervisor = nix::unistd::Pid::from_raw(child.id() as i32);
+    loop {
+        let Ok(Some(info)) = fd.read_signal() else { continue };
+        match Signal::try_from(info.ssi_signo as i32) {
+            Ok(Signal::SIGCHLD) => loop {
+                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(pid, code)) if pid == supervisor => return Ok(code),
+                    Ok(WaitStatus::Signaled(pid, signal, _)) if pid == supervisor => {
+                        eprintln!("hpk bubble-init: the supervisor was killed by {signal}");
+                        return Ok(128 + signal as i32);
+                    }
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            },
+            Ok(signal) => {
+                let _ = kill(supervisor, signal);
+            }
+            Err(_) => {}
+        }
+        let _ = &args.node;
+    }
+}
+
+/// The supervisor. Returns the exit code.
+pub async fn supervise(args: InitArgs) -> Result<i32> {
+    let shutdown = tokio_util_shutdown()?;
+    relay::start(&args)?;
+    let mut sup = supervisor::Supervisor::new(PathBuf::from(crate::bubble::spec::NODE_DIR).join("logs"));
+    let result = async {
+        if args.role == Role::Controller {
+            controller::start(&args, &mut sup).await?;
+        }
+        node::start(&args, &mut sup).await
+    };
+    let outcome = tokio::select! {
+        r = result => r,
+        () = shutdown.notified() => {
+            tracing::info!("stop requested while starting");
+            sup.stop_all().await;
+            return Ok(0);
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::error!(error = %e, "the bubble could not start");
+        eprintln!("hpk bubble-init: {e}");
+        sup.stop_all().await;
+        return Ok(e.exit_code());
+    }
+    tracing::info!(node = %args.node, "bubble ready: every service started");
+    shutdown.notified().await;
+    tracing::info!("stopping the services");
+    sup.stop_all().await;
+    Ok(0)
+}
+
+/// A notification fired on the first SIGTERM, SIGINT or SIGHUP.
+fn tokio_util_shutdown() -> Result<std::sync::Arc<tokio::sync::Notify>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut signals = Vec::new();
+    for kind in [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()] {
+        signals.push(signal(kind).map_err(|e| Error::io("listen for", "signals", e))?);
+    }
+    let n = notify.clone();
+    tokio::spawn(async move {
+        let [a, b, c] = &mut signals[..] else { return };
+        tokio::select! {
+            _ = a.recv() => {}
+            _ = b.recv() => {}
+            _ = c.recv() => {}
+        }
+        n.notify_one();
+    });
+    Ok(notify)
+}

@@ -1,0 +1,138 @@
+//! Every bubble's node services: once the controller has published the cluster's files, the
+//! node's client certificate from the cert-signer (the key made here, never leaving the
+//! bubble), then hpk-net-forwarder (with the tunnel socket the launcher bound on the host),
+//! hpk-pod-runtime (crun) and hpk-kubelet.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::InitArgs;
+use super::controller::wait;
+use super::supervisor::{Service, Supervisor};
+use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
+use crate::error::{Error, Result};
+use crate::pki::{CertFiles, write_kubeconfig};
+
+/// How long a node waits for the controller's files.
+const CONTROLLER_BOUND: Duration = Duration::from_secs(180);
+
+/// Starts the node's services.
+pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
+    let node_dir = Path::new(NODE_DIR);
+    let shared = Path::new(SHARED_DIR);
+    let p = |path: &Path| path.display().to_string();
+    let kubelet_port = args.port("kubelet")?;
+    let tunnel_fd = super::inherited_fd("tunnel")?;
+
+    // The controller writes the kubeconfig last: once it is there, the rest is too.
+    let needed =
+        ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt", "node-token", "tunnel-key"];
+    let deadline = tokio::time::Instant::now() + CONTROLLER_BOUND;
+    loop {
+        let missing: Vec<&str> = needed.iter().copied().filter(|f| !shared.join(f).is_file()).collect();
+        if missing.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::NotReady {
+                what: "the controller's cluster files".into(),
+                seconds: CONTROLLER_BOUND.as_secs(),
+                detail: format!("still missing in the shared directory: {}", missing.join(", ")),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let api_url = read(&shared.join("apiserver"))?;
+
+    // The node's client identity (system:node:<name>), from the cert-signer's client profile.
+    let client = CertFiles { cert: node_dir.join("node-client.crt"), key: node_dir.join("node-client.key") };
+    let out = tokio::process::Command::new("/usr/local/bin/hpk-cert-signer")
+        .arg("request")
+        .arg(format!("--server-file={}", p(&shared.join("cert-signer"))))
+        .arg(format!("--ca-cert={}", p(&shared.join("ca.crt"))))
+        .arg(format!("--token-file={}", p(&shared.join("node-token"))))
+        .arg(format!("--node-name={}", args.node))
+        .arg("--profile=client")
+        .arg(format!("--cert-out={}", p(&client.cert)))
+        .arg(format!("--key-out={}", p(&client.key)))
+        .arg(format!("--shared-dir={SHARED_DIR}"))
+        .output()
+        .await
+        .map_err(|e| Error::io("run", "hpk-cert-signer request", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed {
+            what: "the node's client certificate (hpk-cert-signer request)".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into(),
+        });
+    }
+    let kubeconfig = node_dir.join("node.kubeconfig");
+    write_kubeconfig(
+        &kubeconfig,
+        &api_url,
+        &shared.join("ca.crt"),
+        &format!("system:node:{}", args.node),
+        &client,
+    )?;
+
+    let nf_socket = "/run/hpk/net-forwarder.sock";
+    sup.start(Service::new(
+        "hpk-net-forwarder",
+        "/usr/local/bin/hpk-net-forwarder",
+        vec![
+            "serve".into(),
+            format!("--socket={nf_socket}"),
+            format!("--state-dir={}", p(&node_dir.join("net-forwarder"))),
+            format!("--kubeconfig={}", p(&kubeconfig)),
+            format!("--node-name={}", args.node),
+            format!("--tunnel-fd={tunnel_fd}"),
+            format!("--tunnel-key-file={}", p(&shared.join("tunnel-key"))),
+            format!("--tunnel-advertise={}", args.address),
+        ],
+    ))?;
+    // Not awaited: the net-forwarder serves once the Node has its podCIDR, which needs the
+    // kubelet to register it; the kubelet reports the node NotReady until then.
+
+    let cri_socket = "/run/hpk/cri.sock";
+    sup.start(Service::new(
+        "hpk-pod-runtime",
+        "/usr/local/bin/hpk-pod-runtime",
+        vec![
+            format!("--socket={cri_socket}"),
+            format!("--root={}", p(&node_dir.join("runtime"))),
+            "--pause-binary=/usr/local/bin/hpk-pause".into(),
+            format!("--net-forwarder-socket={nf_socket}"),
+        ],
+    ))?;
+    wait(
+        sup,
+        "hpk-pod-runtime",
+        "hpk-pod-runtime's socket",
+        || async move { Ok(Path::new(cri_socket).exists()) },
+    )
+    .await?;
+
+    let mut kubelet = vec![
+        format!("--kubeconfig={}", p(&kubeconfig)),
+        format!("--node-name={}", args.node),
+        format!("--node-ip={}", args.address),
+        // Bound on the bubble's loopback; published on the host by the relay, same port.
+        "--address=127.0.0.1".into(),
+        format!("--kubelet-port={kubelet_port}"),
+        format!("--runtime-socket={cri_socket}"),
+        format!("--net-forwarder-socket={nf_socket}"),
+        format!("--root-dir={}", p(&node_dir.join("kubelet"))),
+        format!("--cert-signer-address-file={}", p(&shared.join("cert-signer"))),
+        format!("--cert-signer-ca={}", p(&shared.join("ca.crt"))),
+        format!("--node-token-file={}", p(&shared.join("node-token"))),
+        format!("--client-ca-file={}", p(&shared.join("client-ca.crt"))),
+    ];
+    kubelet.extend(args.kubelet_args.iter().cloned());
+    sup.start(Service::new("hpk-kubelet", "/usr/local/bin/hpk-kubelet", kubelet))?;
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|e| Error::io("read", path.display(), e))
+}

@@ -1,0 +1,168 @@
+//! The bubble's services as child processes: each logged to its own file, restarted with
+//! back-off when it exits (1 s, doubling to 30 s; back to 1 s after a minute of running), and
+//! stopped in reverse start order (SIGTERM, then SIGKILL after 10 s).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, watch};
+
+use crate::error::{Error, Result};
+
+const STOP_GRACE: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+const STABLE: Duration = Duration::from_secs(60);
+
+/// How to start one service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    /// Its name (and log file name).
+    pub name: String,
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+impl Service {
+    /// A service running `program` with `args`.
+    pub fn new(name: &str, program: &str, args: Vec<String>) -> Self {
+        Self { name: name.into(), program: program.into(), args }
+    }
+}
+
+struct Running {
+    name: String,
+    stop: Arc<Notify>,
+    done: watch::Receiver<bool>,
+    pid: watch::Receiver<Option<u32>>,
+}
+
+/// The started services.
+pub struct Supervisor {
+    logs: PathBuf,
+    running: Vec<Running>,
+}
+
+impl Supervisor {
+    /// A supervisor writing logs under `logs`.
+    pub fn new(logs: PathBuf) -> Self {
+        Self { logs, running: Vec::new() }
+    }
+
+    /// Starts `service` and keeps it running; returns once the first start succeeded.
+    pub fn start(&mut self, service: Service) -> Result<()> {
+        let log = self.logs.join(format!("{}.log", service.name));
+        let stop = Arc::new(Notify::new());
+        let (done_tx, done) = watch::channel(false);
+        let (pid_tx, pid) = watch::channel(None);
+        let first = spawn(&service, &log)?;
+        let _ = pid_tx.send(first.id());
+        let name = service.name.clone();
+        let stop2 = stop.clone();
+        tokio::spawn(async move {
+            let mut child = first;
+            let mut backoff = Duration::from_secs(1);
+            loop {
+                let started = Instant::now();
+                tokio::select! {
+                    status = child.wait() => {
+                        let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                        if started.elapsed() >= STABLE {
+                            backoff = Duration::from_secs(1);
+                        }
+                        tracing::warn!(service = %service.name, %status, restart_in = ?backoff, "service exited; restarting");
+                        let _ = pid_tx.send(None);
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            () = stop2.notified() => break,
+                        }
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        match spawn(&service, &log) {
+                            Ok(c) => {
+                                let _ = pid_tx.send(c.id());
+                                tracing::info!(service = %service.name, pid = ?c.id(), "service restarted");
+                                child = c;
+                            }
+                            Err(e) => {
+                                tracing::error!(service = %service.name, error = %e, "restart failed");
+                                // Try again after the next back-off.
+                                child = match placeholder().await { Some(c) => c, None => break };
+                            }
+                        }
+                    }
+                    () = stop2.notified() => {
+                        stop_child(&mut child, &service.name).await;
+                        break;
+                    }
+                }
+            }
+            let _ = done_tx.send(true);
+        });
+        self.running.push(Running { name, stop, done, pid });
+        Ok(())
+    }
+
+    /// The PID of service `name`, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.running.iter().find(|r| r.name == name).and_then(|r| *r.pid.borrow())
+    }
+
+    /// Fails if service `name` is not running (exited and not yet restarted), with its log.
+    pub fn check_running(&self, name: &str) -> Result<()> {
+        if self.pid(name).is_some() {
+            return Ok(());
+        }
+        Err(Error::Failed {
+            what: name.into(),
+            detail: format!(
+                "exited while starting; log:\n{}",
+                crate::bubble::tail(&self.logs.join(format!("{name}.log")), 20)
+            ),
+        })
+    }
+
+    /// Stops every service, last started first.
+    pub async fn stop_all(&mut self) {
+        while let Some(mut r) = self.running.pop() {
+            r.stop.notify_one();
+            let _ = r.done.wait_for(|d| *d).await;
+            tracing::info!(service = %r.name, "stopped");
+        }
+    }
+}
+
+fn spawn(service: &Service, log: &std::path::Path) -> Result<tokio::process::Child> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| Error::io("open", log.display(), e))?;
+    let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
+    tokio::process::Command::new(&service.program)
+        .args(&service.args)
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::io("start", &service.name, e))
+}
+
+/// A child that exits at once, standing in for a service whose restart failed so the loop
+/// waits one more back-off.
+async fn placeholder() -> Option<tokio::process::Child> {
+    tokio::process::Command::new("true").spawn().ok()
+}
+
+async fn stop_child(child: &mut tokio::process::Child, name: &str) {
+    if let Some(pid) = child.id() {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+    }
+    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+        tracing::warn!(service = %name, "no exit {} s after SIGTERM: killing it", STOP_GRACE.as_secs());
+        let _ = child.kill().await;
+    }
+}

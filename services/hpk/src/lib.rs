@@ -1,0 +1,15 @@
+//! `hpk`: the user's command. `hpk up|down|status` run a cluster of bubbles on this machine;
+//! `hpk bubble` launches one bubble (what `slurm/hpk.slurm` runs on each node); `hpk
+//! bubble-init` is the bubble's first process inside. See ARCHITECTURE.md.
+
+pub mod bubble;
+pub mod cluster;
+pub mod error;
+pub mod fds;
+pub mod image;
+pub mod init;
+pub mod local;
+pub mod pki;
+pub mod preflight;
+
+pub use error::{Error, Result};

@@ -1,0 +1,434 @@
+//! `hpk up`, `hpk down`, `hpk status`: a cluster of bubbles on this machine, the way kind and
+//! k3d give one — the first bubble the controller, every bubble a node.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::bubble::{self, process_alive, tail};
+use crate::cluster::{self, Shared};
+use crate::error::{Error, Result};
+use crate::{image, preflight};
+
+const CONTROL_PLANE_BOUND: Duration = Duration::from_secs(180);
+const NODES_BOUND: Duration = Duration::from_secs(180);
+const DOWN_BOUND: Duration = Duration::from_secs(60);
+
+/// `hpk up` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// How many nodes (bubbles); the first is also the controller.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub nodes: u16,
+    /// The cluster's name: files in ~/.hpk/<name>, nodes <name>-1 … <name>-N.
+    #[arg(long, default_value = cluster::DEFAULT_NAME)]
+    pub name: String,
+    /// The hpk-bubble image (OCI layout directory or oci-archive).
+    #[arg(long, env = "HPK_IMAGE")]
+    pub image: Option<PathBuf>,
+    /// The host address to publish on [default: the first global IPv4 address].
+    #[arg(long)]
+    pub address: Option<Ipv4Addr>,
+    /// More arguments for every kubelet (repeatable).
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    pub kubelet_args: Vec<String>,
+}
+
+/// `hpk down` / `hpk status` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NameArgs {
+    /// The cluster's name.
+    #[arg(long, default_value = cluster::DEFAULT_NAME)]
+    pub name: String,
+}
+
+/// The image `hpk up` uses without `--image`: `target/images/hpk-bubble` beside the binary's
+/// build tree, or `<prefix>/share/hpk/hpk-bubble` of an installation.
+pub fn default_image() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut candidates = Vec::new();
+    for dir in exe.ancestors().skip(1).take(3) {
+        candidates.push(dir.join("images/hpk-bubble"));
+        candidates.push(dir.join("share/hpk/hpk-bubble"));
+    }
+    candidates
+        .iter()
+        .find(|c| c.exists())
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("target/images/hpk-bubble"))
+}
+
+/// `hpk up`.
+pub async fn up(args: &UpArgs) -> Result<()> {
+    let shared = Shared::new(&args.name)?;
+    if shared.nodes().iter().flatten().any(|n| process_alive(n.launcher_pid))
+        || launchers(&shared).iter().any(|p| process_alive(*p))
+    {
+        return Err(Error::Invalid(format!(
+            "cluster {} is already running; `hpk status --name {0}`, or `hpk down --name {0}` first",
+            args.name
+        )));
+    }
+    step("checking prerequisites");
+    preflight::check_all()?;
+    let image_path = args.image.clone().unwrap_or_else(default_image);
+    step(&format!("unpacking the image {}", image_path.display()));
+    let started = Instant::now();
+    let unpacked = image::unpack(&image_path, &cluster::image_cache())?;
+    done(&format!("image {} ({:.1} s)", short(&unpacked.digest), started.elapsed().as_secs_f64()));
+    let address = match args.address {
+        Some(a) => a,
+        None => default_address()?,
+    };
+    // A fresh shared directory: nothing of an earlier run may be taken for this one's.
+    if shared.dir.exists() {
+        std::fs::remove_dir_all(&shared.dir).map_err(|e| Error::io("remove", shared.dir.display(), e))?;
+    }
+    image::create_private_dir(&shared.dir)?;
+    let result = start_nodes(args, &shared, &image_path, address).await;
+    if let Err(e) = result {
+        eprintln!("hpk up failed: {e}");
+        // The node directories go with the cleanup: show what their logs said first.
+        print_log_tails(&shared);
+        eprintln!("cleaning up …");
+        let _ = down_cluster(&shared, false);
+        return Err(e);
+    }
+    Ok(())
+}
+
+async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4Addr) -> Result<()> {
+    let t0 = Instant::now();
+    let names: Vec<String> = (1..=args.nodes).map(|i| format!("{}-{i}", args.name)).collect();
+    step(&format!("starting the controller bubble {} on {address}", names[0]));
+    let mut pids = vec![(
+        names[0].clone(),
+        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address)?,
+    )];
+    let deadline = Instant::now() + CONTROL_PLANE_BOUND;
+    while !shared.kubeconfig().is_file() {
+        check_launchers(shared, &pids)?;
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady {
+                what: "the control plane".into(),
+                seconds: CONTROL_PLANE_BOUND.as_secs(),
+                detail: format!("see {}", cluster::node_dir(&shared.name, &names[0]).join("logs").display()),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    done(&format!("control plane ready ({:.1} s)", t0.elapsed().as_secs_f64()));
+    for name in &names[1..] {
+        step(&format!("starting the worker bubble {name}"));
+        pids.push((name.clone(), spawn_launcher(args, shared, name, bubble::Role::Worker, image, address)?));
+    }
+    let client = crate::init::client(&shared.kubeconfig()).await?;
+    let nodes: Api<Node> = Api::all(client);
+    let deadline = Instant::now() + NODES_BOUND;
+    let mut ready = std::collections::BTreeSet::new();
+    while ready.len() < names.len() {
+        check_launchers(shared, &pids)?;
+        if let Ok(list) = nodes.list(&ListParams::default()).await {
+            for node in list.items {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                if names.contains(&name) && is_ready(&node) && ready.insert(name.clone()) {
+                    done(&format!("node {name} Ready ({:.1} s)", t0.elapsed().as_secs_f64()));
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            let waiting: Vec<&String> = names.iter().filter(|n| !ready.contains(*n)).collect();
+            return Err(Error::NotReady {
+                what: format!("nodes {waiting:?}"),
+                seconds: NODES_BOUND.as_secs(),
+                detail: "see each node's logs under the state directory".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "\nCluster {} is up: {} node(s) Ready in {:.1} s.\n",
+        shared.name,
+        names.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    println!("export KUBECONFIG={}", shared.kubeconfig().display());
+    println!("kubectl get nodes -o wide\n");
+    print_status(shared).await;
+    Ok(())
+}
+
+fn spawn_launcher(
+    args: &UpArgs,
+    shared: &Shared,
+    node: &str,
+    role: bubble::Role,
+    image: &Path,
+    address: Ipv4Addr,
+) -> Result<u32> {
+    let logs = cluster::state_base().join(&shared.name);
+    image::create_private_dir(&logs)?;
+    let log = logs.join(format!("launcher-{node}.log"));
+    let file = std::fs::File::create(&log).map_err(|e| Error::io("create", log.display(), e))?;
+    let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("find", "this program", e))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("bubble")
+        .arg(format!("--cluster={}", shared.name))
+        .arg(format!("--node={node}"))
+        .arg(format!("--role={}", role.as_str()))
+        .arg(format!("--address={address}"))
+        .arg("--image")
+        .arg(image);
+    for a in &args.kubelet_args {
+        cmd.arg(format!("--kubelet-arg={a}"));
+    }
+    // Its own session: the launcher outlives `hpk up` and a closed terminal.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.stdin(Stdio::null()).stdout(file).stderr(err);
+    let child = cmd.spawn().map_err(|e| Error::io("start", "the bubble launcher", e))?;
+    let pid = child.id();
+    // Not waited for here; `hpk down` stops it by PID. Detach the handle.
+    std::mem::forget(child);
+    let list = shared.dir.join("launchers");
+    let mut text = std::fs::read_to_string(&list).unwrap_or_default();
+    text.push_str(&format!("{pid} {node}\n"));
+    cluster::write_file(&list, text.as_bytes(), 0o644)?;
+    Ok(pid)
+}
+
+fn check_launchers(shared: &Shared, pids: &[(String, u32)]) -> Result<()> {
+    for (node, pid) in pids {
+        if !process_alive(*pid) {
+            let log = cluster::state_base().join(&shared.name).join(format!("launcher-{node}.log"));
+            return Err(Error::Failed {
+                what: format!("the bubble of {node}"),
+                detail: format!("its launcher exited:\n{}", tail(&log, 25)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The last lines of every log of every node of the cluster, to stderr.
+fn print_log_tails(shared: &Shared) {
+    let state = cluster::state_base().join(&shared.name);
+    let Ok(nodes) = std::fs::read_dir(&state) else { return };
+    for node in nodes.flatten() {
+        let path = node.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            eprintln!("--- {}:\n{}", path.display(), tail(&path, 8));
+            continue;
+        }
+        let Ok(logs) = std::fs::read_dir(path.join("logs")) else { continue };
+        let mut logs: Vec<PathBuf> = logs.flatten().map(|l| l.path()).collect();
+        logs.sort();
+        for log in logs {
+            eprintln!("--- {}:\n{}", log.display(), tail(&log, 8));
+        }
+    }
+}
+
+/// PIDs from the cluster's launcher list.
+fn launchers(shared: &Shared) -> Vec<u32> {
+    std::fs::read_to_string(shared.dir.join("launchers"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// `hpk down`.
+pub fn down(args: &NameArgs) -> Result<()> {
+    let shared = Shared::new(&args.name)?;
+    if !shared.dir.exists() && !cluster::state_base().join(&args.name).exists() {
+        println!("cluster {} is not running (no {})", args.name, shared.dir.display());
+        return Ok(());
+    }
+    down_cluster(&shared, true)
+}
+
+fn down_cluster(shared: &Shared, verbose: bool) -> Result<()> {
+    let t0 = Instant::now();
+    let pids: Vec<u32> =
+        launchers(shared).into_iter().filter(|p| process_alive(*p) && is_launcher(*p)).collect();
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + DOWN_BOUND;
+    while pids.iter().any(|p| process_alive(*p)) && Instant::now() < deadline {
+        reap_children();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for pid in pids.iter().filter(|p| process_alive(**p)) {
+        eprintln!("launcher {pid} did not stop within {} s: killing it", DOWN_BOUND.as_secs());
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    reap_children();
+    // What a killed launcher could not remove: its bubble (crun state in the node directory).
+    let state = cluster::state_base().join(&shared.name);
+    if let Ok(entries) = std::fs::read_dir(&state) {
+        for entry in entries.flatten() {
+            let crun_root = entry.path().join("crun");
+            if crun_root.is_dir() {
+                let id = format!("hpk-{}-{}", shared.name, entry.file_name().to_string_lossy());
+                let _ = Command::new("crun")
+                    .arg(format!("--root={}", crun_root.display()))
+                    .args(["delete", "--force", &id])
+                    .output();
+            }
+        }
+    }
+    let mut leftovers = Vec::new();
+    for dir in [&state, &shared.dir] {
+        if dir.exists()
+            && let Err(e) = std::fs::remove_dir_all(dir)
+        {
+            leftovers.push(format!("{}: {e}", dir.display()));
+        }
+    }
+    if !leftovers.is_empty() {
+        return Err(Error::Failed {
+            what: "hpk down".into(),
+            detail: format!("could not remove {}", leftovers.join("; ")),
+        });
+    }
+    if verbose {
+        println!(
+            "cluster {} removed ({} bubble(s), {:.1} s)",
+            shared.name,
+            pids.len(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn reap_children() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// Whether `pid` runs `hpk bubble` (a recycled PID is never signalled).
+fn is_launcher(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.split(|b| *b == 0).any(|a| a == b"bubble"))
+        .unwrap_or(false)
+}
+
+/// `hpk status`.
+pub async fn status(args: &NameArgs) -> Result<()> {
+    let shared = Shared::new(&args.name)?;
+    if !shared.dir.exists() {
+        println!("cluster {} is not running", args.name);
+        return Ok(());
+    }
+    print_status(&shared).await;
+    Ok(())
+}
+
+async fn print_status(shared: &Shared) {
+    let api = std::fs::read_to_string(shared.apiserver_url()).unwrap_or_else(|_| "(not yet)".into());
+    println!("cluster {}   API {}   kubeconfig {}", shared.name, api.trim(), shared.kubeconfig().display());
+    let (mut ready, mut pods) =
+        (std::collections::HashMap::new(), std::collections::HashMap::<String, usize>::new());
+    if let Ok(client) = crate::init::client(&shared.kubeconfig()).await {
+        if let Ok(list) = Api::<Node>::all(client.clone()).list(&ListParams::default()).await {
+            for n in list.items {
+                ready.insert(n.metadata.name.clone().unwrap_or_default(), is_ready(&n));
+            }
+        }
+        if let Ok(list) = Api::<Pod>::all(client).list(&ListParams::default()).await {
+            for p in list.items {
+                if let Some(node) = p.spec.and_then(|s| s.node_name) {
+                    *pods.entry(node).or_default() += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "{:<16} {:<11} {:<8} {:<16} {:<8} {:<8} {:<12} {:<5}",
+        "NODE", "ROLE", "STATUS", "ADDRESS", "KUBELET", "TUNNEL", "LAUNCHER", "PODS"
+    );
+    for record in shared.nodes() {
+        match record {
+            Ok(n) => {
+                let status = match (process_alive(n.launcher_pid), ready.get(&n.node)) {
+                    (false, _) => "Gone",
+                    (true, Some(true)) => "Ready",
+                    (true, Some(false)) => "NotReady",
+                    (true, None) => "Starting",
+                };
+                let port = |p: &str| n.port(p).map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<16} {:<11} {:<8} {:<16} {:<8} {:<8} {:<12} {:<5}",
+                    n.node,
+                    n.role,
+                    status,
+                    n.address,
+                    port("kubelet"),
+                    format!("{}/udp", port("tunnel")),
+                    format!("pid {}", n.launcher_pid),
+                    pods.get(&n.node).copied().unwrap_or(0)
+                );
+            }
+            Err(e) => println!("(unreadable node record: {e})"),
+        }
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The first global IPv4 address of an interface that is up.
+pub fn default_address() -> Result<Ipv4Addr> {
+    let out = Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global", "up"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            // Addresses on the loopback device are reachable only from this namespace's own
+            // processes, never from a bubble.
+            if words.clone().nth(1) == Some("lo") {
+                return None;
+            }
+            words.find(|w| *w == "inet")?;
+            words.next()?.split('/').next()?.parse().ok()
+        })
+        .next()
+        .ok_or_else(|| Error::Prerequisite {
+            what: "this machine has no global IPv4 address to publish the cluster on".into(),
+            fix: "pass --address with one of this host's addresses".into(),
+        })
+}
+
+fn step(what: &str) {
+    println!("• {what} …");
+}
+
+fn done(what: &str) {
+    println!("  ✓ {what}");
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..19).unwrap_or(digest)
+}

@@ -1,0 +1,54 @@
+//! The `hpk` command line.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hpk", version, about = "HPK: a private Kubernetes cluster of rootless bubbles")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a local cluster of N bubbles on this machine and wait until every node is Ready.
+    Up(hpk::local::UpArgs),
+    /// Stop a local cluster and remove everything it made.
+    Down(hpk::local::NameArgs),
+    /// Show a cluster's nodes, endpoints and pod counts.
+    Status(hpk::local::NameArgs),
+    /// Run one bubble in the foreground until SIGTERM (what hpk up and hpk.slurm start).
+    Bubble(hpk::bubble::BubbleArgs),
+    /// The bubble's first process (started by `hpk bubble` inside the bubble).
+    #[command(hide = true)]
+    BubbleInit(hpk::init::InitArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    hpk_rpc::telemetry::init(hpk_rpc::telemetry::LogFormat::Plain);
+    let result = match cli.command {
+        // Before any thread: the launcher enters a mount namespace, the reaper blocks signals.
+        Cmd::Bubble(args) => hpk::bubble::run(&args),
+        Cmd::BubbleInit(args) if !args.supervise => hpk::init::reap(&args),
+        Cmd::BubbleInit(args) => runtime().and_then(|rt| rt.block_on(hpk::init::supervise(args))),
+        Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(hpk::local::up(&args))).map(|()| 0),
+        Cmd::Down(args) => hpk::local::down(&args).map(|()| 0),
+        Cmd::Status(args) => runtime().and_then(|rt| rt.block_on(hpk::local::status(&args))).map(|()| 0),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("hpk: {e}");
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
+fn runtime() -> hpk::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .map_err(|e| hpk::Error::io("start", "the async runtime", e))
+}
