@@ -158,7 +158,6 @@ fill_base() {
     --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     --customize-hook='for f in etc/resolv.conf etc/hostname; do rm -f "$1/$f"; : >"$1/$f"; chmod 0644 "$1/$f"; done' \
-    --customize-hook='rm -rf "$1"/var/cache/apt/archives/partial "$1"/var/lib/apt/lists/partial "$1"/var/lib/apt/lists/lock' \
     "$SUITE" "$dir" \
     "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" "deb $SECURITY_MIRROR $SUITE-security main"
   # mmdebstrap unmounts what it mounted; a leftover here would be tarred or break the removal.
@@ -167,8 +166,11 @@ fill_base() {
   fi
 }
 
+# The base's cache key: what goes into it, the recipe (fill_base itself) included, so a change
+# of either builds a new base. Package updates do not: remove the cached file to pick them up.
 base_key() {
-  { echo "$SUITE $MIRROR $SECURITY_MIRROR apt epoch=$EPOCH v1"; bubble_packages; } | sha256sum | cut -c1-16
+  { echo "$SUITE $MIRROR $SECURITY_MIRROR epoch=$EPOCH"; bubble_packages; declare -f fill_base; } |
+    sha256sum | cut -c1-16
 }
 
 # --- the binaries layers -----------------------------------------------------------------------
@@ -288,7 +290,7 @@ replace_dir() {
 # verify_layout DIR: every blob's name is its sha256; each manifest's config and layers exist with
 # their sizes; each layer's diff_id is the sha256 of its uncompressed tar.
 verify_layout() {
-  local dir=$1 blob manifest config i n layer diff_id actual
+  local dir=$1 blob manifest config i n layer diff_id actual results
   jq -e '.imageLayoutVersion == "1.0.0"' "$dir/oci-layout" >/dev/null || die "$dir: bad oci-layout"
   for blob in "$dir"/blobs/sha256/*; do
     [ "$(sha256 "$blob")" = "$(basename "$blob")" ] || die "$blob: content does not match its name"
@@ -300,13 +302,20 @@ verify_layout() {
     config="$dir/blobs/sha256/$(jq -r '.config.digest | ltrimstr("sha256:")' "$manifest")"
     n=$(jq '.layers | length' "$manifest")
     [ "$n" = "$(jq '.rootfs.diff_ids | length' "$config")" ] || die "$manifest: layers and diff_ids differ in number"
+    # Decompressing is most of the time: the layers in parallel, one job each.
+    results=$(mktemp -d "${TMPDIR:-/tmp}/hpk-verify.XXXXXX")
     for ((i = 0; i < n; i++)); do
       check_descriptor "$dir" "$(jq -c ".layers[$i]" "$manifest")"
       layer="$dir/blobs/sha256/$(jq -r ".layers[$i].digest | ltrimstr(\"sha256:\")" "$manifest")"
-      diff_id=$(jq -r ".rootfs.diff_ids[$i]" "$config")
-      actual="sha256:$(uncompressed "$layer" "$(jq -r ".layers[$i].mediaType" "$manifest")" | sha256sum | cut -d' ' -f1)"
-      [ "$actual" = "$diff_id" ] || die "layer $i of $manifest: diff_id $diff_id, uncompressed $actual"
+      uncompressed "$layer" "$(jq -r ".layers[$i].mediaType" "$manifest")" | sha256sum | cut -d' ' -f1 >"$results/$i" &
     done
+    wait
+    for ((i = 0; i < n; i++)); do
+      diff_id=$(jq -r ".rootfs.diff_ids[$i]" "$config")
+      actual="sha256:$(cat "$results/$i")"
+      [ "$actual" = "$diff_id" ] || { rm -rf "$results"; die "layer $i of $manifest: diff_id $diff_id, uncompressed $actual"; }
+    done
+    rm -rf "$results"
   done
 }
 
