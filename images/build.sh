@@ -275,14 +275,17 @@ write_layout() {
   log "$tag: $out (manifest $manifest_digest)"
 }
 
-# replace_dir SRC DEST: DEST becomes SRC; an existing DEST must be an OCI layout we may replace.
+# check_replaceable DIR: DIR is absent, empty, or an OCI layout (which a build replaces whole).
+check_replaceable() {
+  [ ! -e "$1" ] || [ -f "$1/oci-layout" ] || { [ -d "$1" ] && [ -z "$(ls -A "$1")" ]; } ||
+    die "$1 exists and is not an OCI layout; refusing to replace it"
+}
+
+# replace_dir SRC DEST: DEST becomes SRC.
 replace_dir() {
   local src=$1 dest=$2
-  if [ -e "$dest" ]; then
-    [ -f "$dest/oci-layout" ] || [ -z "$(ls -A "$dest")" ] ||
-      die "$dest exists and is not an OCI layout; refusing to replace it"
-    rm -rf "$dest"
-  fi
+  check_replaceable "$dest"
+  rm -rf "$dest"
   mkdir -p "$(dirname "$dest")"
   mv "$src" "$dest"
 }
@@ -438,6 +441,7 @@ parse_build_args() {
   done
   if [ -z "$BIN_DIR" ] || [ -z "$OUT" ]; then usage; fi
   [ -d "$BIN_DIR" ] || die "--bin-dir $BIN_DIR is not a directory"
+  check_replaceable "$OUT"
 }
 
 cmd_bubble() {
