@@ -8,7 +8,7 @@
 #   images/build.sh context --bin-dir DIR [--controlplane PATH] --out DIR   (for the Dockerfiles)
 #
 # The bubble is three gzip'd layers: a Debian base made by mmdebstrap (cached under
-# $HPK_CACHE_DIR/images, keyed by suite, mirrors and package list), the control plane binary,
+# $HPK_CACHE_DIR/images, keyed by suite, mirrors, package list and recipe), the control plane,
 # and our binaries (stripped). Layers are deterministic: sorted entries, numeric owners, every
 # mtime set to $SOURCE_DATE_EPOCH (default 0), gzip without name or time
 # (level $HPK_IMAGE_GZIP_LEVEL, default 1, for our binaries; 6 for the cached layers).
