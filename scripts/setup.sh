@@ -16,6 +16,9 @@ setup_packages() {
   apt_install crun protobuf-compiler
   # critest/run.sh pushes its stand-in images to the local registry with curl.
   apt_install curl
+  # images/build.sh: the bubble's Debian base (mmdebstrap), the OCI JSON (jq), stripping our
+  # binaries (binutils), gzip'd layers on every core (pigz).
+  apt_install mmdebstrap jq binutils pigz
   # kubectl exec -it driven through a terminal in the kubelet API tests
   apt_install tmux
   # The pod network benchmark (services/net-forwarder/benches/network.rs): iperf3 for

@@ -23,6 +23,7 @@ stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts
+stage "image unpack" images/test.sh
 # cargo prints one result line per test binary, the last often a doc-test run of 0; close with
 # the sum so the outcome is one line.
 cargo_test() {
