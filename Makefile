@@ -1,6 +1,6 @@
 # Entry points for people who knew the original HPK. CI runs `make ci`'s script directly.
 CARGO ?= cargo
-BINARIES := hpk-cert-signer hpk-pod-runtime hpk-pause hpk-net-forwarder hpk-kubelet hpk-testcluster
+BINARIES := hpk hpk-cert-signer hpk-pod-runtime hpk-pause hpk-net-forwarder hpk-kubelet hpk-testcluster
 
 HPK_CACHE_DIR ?= $(HOME)/.cache/hpk
 CONTROLPLANE ?= $(HPK_CACHE_DIR)/controlplane/bin/hpk-controlplane

@@ -35,8 +35,11 @@ pub struct UpArgs {
     #[arg(long)]
     pub address: Option<Ipv4Addr>,
     /// More arguments for every kubelet (repeatable).
-    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
     pub kubelet_args: Vec<String>,
+    /// A registry pods may pull from over plain HTTP (`host:port`; repeatable).
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
 }
 
 /// `hpk down` / `hpk status` arguments.
@@ -187,6 +190,9 @@ fn spawn_launcher(
         .arg(image);
     for a in &args.kubelet_args {
         cmd.arg(format!("--kubelet-arg={a}"));
+    }
+    for r in &args.insecure_registries {
+        cmd.arg(format!("--insecure-registry={r}"));
     }
     // Its own session: the launcher outlives `hpk up` and a closed terminal.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

@@ -79,8 +79,11 @@ pub struct BubbleArgs {
     #[arg(long, env = "HPK_IMAGE")]
     pub image: PathBuf,
     /// More arguments for the kubelet inside (repeatable).
-    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
     pub kubelet_args: Vec<String>,
+    /// A registry the pod runtime may pull from over plain HTTP (`host:port`; repeatable).
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
 }
 
 /// The host side of a bubble, as set up; [`Launched::teardown`] undoes it.
@@ -182,6 +185,7 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
         format!("--ports={}", ports.join(",")),
     ];
     init_args.extend(args.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")));
+    init_args.extend(args.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let user =

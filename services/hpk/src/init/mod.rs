@@ -39,8 +39,11 @@ pub struct InitArgs {
     #[arg(long, value_delimiter = ',')]
     pub ports: Vec<String>,
     /// More kubelet arguments.
-    #[arg(long = "kubelet-arg", allow_hyphen_values = true)]
+    #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
     pub kubelet_args: Vec<String>,
+    /// Registries the runtime pulls from over plain HTTP.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
     /// Run as the supervisor (the reaper starts it so).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -159,4 +162,33 @@ fn tokio_util_shutdown() -> Result<std::sync::Arc<tokio::sync::Notify>> {
         n.notify_one();
     });
     Ok(notify)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        init: super::InitArgs,
+    }
+
+    #[test]
+    fn a_kubelet_argument_takes_one_value_and_later_flags_stay_ours() {
+        let cli = Cli::try_parse_from([
+            "hpk",
+            "--cluster=c",
+            "--node=n",
+            "--role=worker",
+            "--address=10.0.0.1",
+            "--ports=kubelet=1,tunnel=2",
+            "--kubelet-arg=--disk-pressure-percent=1",
+            "--insecure-registry=10.0.0.1:5000",
+        ])
+        .expect("parse");
+        assert_eq!(cli.init.kubelet_args, ["--disk-pressure-percent=1"]);
+        assert_eq!(cli.init.insecure_registries, ["10.0.0.1:5000"]);
+        assert_eq!(cli.init.port("tunnel").expect("tunnel"), 2);
+    }
 }

@@ -1,0 +1,294 @@
+//! `hpk up` / `hpk down` / `hpk status` on a test host: real bubbles (crun, rootless user
+//! namespaces, slirp4netns), the upstream control plane inside the controller bubble, our
+//! services in every bubble, checked with the real kubectl.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hpk_integration::image::{HTTPD_INDEX, HTTPD_PORT};
+use support::{Env, eventually, eventually_or, prerequisites, text};
+
+fn pods_on_nodes(env: &Env, cluster: &str, selector: &str) -> Vec<(String, String, String, String)> {
+    let out = env.kubectl_ok(cluster, &[
+        "get", "pods", "-l", selector, "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} {.status.podIP}{\"\\n\"}{end}",
+    ]);
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.into(), w.next()?.into(), w.next()?.into(), w.next().unwrap_or("").into()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_nodes_run_workloads_and_down_leaves_nothing() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let up = env.up("demo", 2);
+    let output = text(&up);
+    assert!(up.status.success(), "hpk up failed:\n{output}");
+    assert!(output.contains(&format!("export KUBECONFIG={}", env.kubeconfig("demo").display())), "{output}");
+    assert!(output.contains("2 node(s) Ready"), "{output}");
+    let nodes = env.kubectl_ok("demo", &["get", "nodes", "--no-headers"]);
+    assert_eq!(nodes.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count(), 2, "{nodes}");
+
+    env.apply("demo", &format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+  replicas: 4
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      topologySpreadConstraints:
+      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}
+      containers:
+      - {{name: httpd, image: {httpd}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: ticker}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: ticker}}}}
+  template:
+    metadata: {{labels: {{app: ticker}}}}
+    spec:
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: ticker}}}}}}
+      containers:
+      - name: tick
+        image: {shell}
+        command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done']
+",
+        httpd = env.httpd,
+        shell = env.shell
+    ));
+    let running = |selector: &str, n: usize| {
+        eventually_or(
+            &format!("{n} Running pods {selector}"),
+            Duration::from_secs(180),
+            || {
+                let pods = pods_on_nodes(&env, "demo", selector);
+                (pods.len() == n && pods.iter().all(|p| p.2 == "Running")).then_some(pods)
+            },
+            || env.diagnose("demo"),
+        )
+    };
+    let web = running("app=web", 4);
+    let ticker = running("app=ticker", 2);
+    let web_nodes: std::collections::BTreeSet<&str> = web.iter().map(|p| p.1.as_str()).collect();
+    assert_eq!(web_nodes.len(), 2, "the Deployment spreads over both nodes: {web:?}");
+
+    for (pod, node, _, _) in &ticker {
+        // logs -f streams new lines as they are written.
+        let out = Command::new("timeout")
+            .arg("4")
+            .arg(&env.kubectl)
+            .arg(format!("--kubeconfig={}", env.kubeconfig("demo").display()))
+            .args(["logs", "-f", "--tail=1", pod])
+            .output()
+            .expect("kubectl logs -f");
+        let ticks = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("tick ")).count();
+        assert!(ticks >= 5, "logs -f on {node} gave {ticks} lines in 4 s: {}", text(&out));
+        // exec, with the command's output and exit code.
+        assert_eq!(env.kubectl_ok("demo", &["exec", pod, "--", "cat", "/etc/hostname"]).trim(), pod);
+        let failed = env.kubectl("demo", &["exec", pod, "--", "sh", "-c", "exit 3"]);
+        assert_eq!(failed.status.code(), Some(3), "exec on {node}: {}", text(&failed));
+    }
+
+    // port-forward to a web pod on each node.
+    for node in &web_nodes {
+        let (pod, ..) = web.iter().find(|p| p.1 == *node).expect("a pod there");
+        let mut pf = Command::new(&env.kubectl)
+            .arg(format!("--kubeconfig={}", env.kubeconfig("demo").display()))
+            .args(["port-forward", pod, &format!(":{HTTPD_PORT}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl port-forward");
+        let mut line = String::new();
+        BufReader::new(pf.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
+        let port = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no local port in {line:?}"))
+            .to_owned();
+        let curl = Command::new("curl").args(["-sS", "--max-time", "10", &format!("http://127.0.0.1:{port}/")]).output().expect("curl");
+        let _ = pf.kill();
+        let _ = pf.wait();
+        assert_eq!(String::from_utf8_lossy(&curl.stdout), HTTPD_INDEX, "port-forward to {pod} on {node}: {}", text(&curl));
+    }
+
+    // Pod to pod across the nodes, through the net-forwarders' tunnel between the bubbles.
+    for (pod, node, _, _) in &ticker {
+        let (_, other, _, ip) = web.iter().find(|p| p.1 != *node).expect("a web pod on the other node");
+        let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {HTTPD_PORT}");
+        let got = env.kubectl_ok("demo", &["exec", pod, "--", "sh", "-c", &script]);
+        assert!(got.contains(HTTPD_INDEX.trim()), "{pod} on {node} → {ip} on {other}: {got}");
+    }
+
+    let status = env.hpk(&["status", "--name", "demo"]).output().expect("hpk status");
+    let status_text = text(&status);
+    assert!(status.status.success(), "{status_text}");
+    for node in ["demo-1", "demo-2"] {
+        assert!(status_text.lines().any(|l| l.starts_with(node) && l.contains("Ready")), "{status_text}");
+    }
+
+    let before = env.footprint("demo");
+    assert!(before.pids.len() >= 10, "the footprint sees the bubbles' processes: {before:?}");
+    assert!(before.ports.len() >= 6, "and their published ports: {before:?}");
+    let down = env.down("demo");
+    assert!(down.status.success(), "hpk down: {}", text(&down));
+    let left = env.leftovers(&before);
+    assert!(left.is_empty(), "hpk down left: {left:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_clusters_side_by_side() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    for name in ["left", "right"] {
+        let up = env.up(name, 1);
+        assert!(up.status.success(), "hpk up {name}: {}", text(&up));
+        env.apply(name, &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - {{name: c, image: {}, command: [sleep, '3600']}}\n",
+            env.shell
+        ));
+    }
+    for name in ["left", "right"] {
+        eventually_or(
+            &format!("pod p Running in {name}"),
+            Duration::from_secs(120),
+            || {
+                let phase = env.kubectl(name, &["get", "pod", "p", "-o", "jsonpath={.status.phase}"]);
+                (String::from_utf8_lossy(&phase.stdout) == "Running").then_some(())
+            },
+            || env.diagnose(name),
+        );
+    }
+    let left = env.footprint("left");
+    let right = env.footprint("right");
+    assert!(left.ports.iter().all(|p| !right.ports.contains(p)), "each cluster its own ports: {left:?} {right:?}");
+    let down = env.down("left");
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(env.leftovers(&left).is_empty(), "{:#?}", env.leftovers(&left));
+    // The other cluster is untouched.
+    let phase = env.kubectl_ok("right", &["get", "pod", "p", "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase, "Running");
+    let nodes = env.kubectl_ok("right", &["get", "nodes", "--no-headers"]);
+    assert!(nodes.contains(" Ready "), "{nodes}");
+    let down = env.down("right");
+    assert!(down.status.success(), "{}", text(&down));
+    assert!(env.leftovers(&right).is_empty(), "{:#?}", env.leftovers(&right));
+}
+
+/// Each refusal stops `hpk up` early with exit 78 (or 69 for the port a launcher could not
+/// bind), names its fix, and leaves no cluster files or processes.
+#[tokio::test(flavor = "multi_thread")]
+async fn up_refuses_a_machine_it_cannot_use_and_cleans_up() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image.clone()).await;
+    let nothing_left = |name: &str| {
+        let f = env.footprint(name);
+        assert!(f.pids.is_empty(), "processes of {name}: {:?}", f.pids);
+        assert!(!f.home.exists() && !f.state.exists(), "files of {name}: {f:?}");
+    };
+
+    // A corrupt image: one flipped byte in a layer.
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let corrupt = scratch.path().join("corrupt");
+    let cp = Command::new("cp").arg("-r").arg(&image).arg(&corrupt).status().expect("cp");
+    assert!(cp.success());
+    let blobs = corrupt.join("blobs/sha256");
+    let largest = std::fs::read_dir(&blobs)
+        .expect("blobs")
+        .flatten()
+        .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .expect("a blob")
+        .path();
+    let mut bytes = std::fs::read(&largest).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&largest, bytes).expect("write");
+    let out = env.hpk(&["up", "--name", "bad", "--image"]).arg(&corrupt).output().expect("hpk up");
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    assert!(text(&out).contains("corrupt"), "{}", text(&out));
+    nothing_left("bad");
+
+    // /dev/net/tun not accessible: a root-only TUN device, and the user is not root.
+    let tun = scratch.path().join("tun");
+    let mknod = Command::new("mknod").arg(&tun).args(["c", "10", "200"]).status().expect("mknod");
+    assert!(mknod.success());
+    std::fs::set_permissions(&tun, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_hpk"))
+        .args(["up", "--name", "bad"])
+        .env("HPK_TUN_DEVICE", &tun)
+        .env("HPK_HOME", scratch.path().join("nobody-home"))
+        .env("HPK_STATE_DIR", scratch.path().join("nobody-state"))
+        .env("HPK_IMAGE", &image)
+        .output()
+        .expect("hpk up as nobody");
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    assert!(text(&out).contains("chmod 0666"), "the message names the fix: {}", text(&out));
+    assert!(!scratch.path().join("nobody-home/bad").exists());
+
+    // User namespaces disabled (in a user namespace of the test's own, where the limit is 0).
+    let script = format!(
+        "echo 0 > /proc/sys/user/max_user_namespaces && exec {} up --name bad",
+        env!("CARGO_BIN_EXE_hpk")
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "sh", "-c", &script])
+        .env("HPK_HOME", env.home.path())
+        .env("HPK_STATE_DIR", env.state.path())
+        .env("HPK_IMAGE", &image)
+        .output()
+        .expect("hpk up without user namespaces");
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    assert!(text(&out).contains("max_user_namespaces"), "{}", text(&out));
+    nothing_left("bad");
+
+    // No free port: the test host's local port range is two ports, both taken.
+    let sysctl = Command::new("ip")
+        .args(["netns", "exec", &env.host.netns, "sysctl", "-qw", "net.ipv4.ip_local_port_range=45000 45001"])
+        .status()
+        .expect("sysctl");
+    assert!(sysctl.success());
+    let mut holders = Vec::new();
+    for port in ["45000", "45001"] {
+        holders.push(
+            Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", env.host.netns))
+                .args(["--", "busybox", "nc", "-l", "-p", port])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("hold a port"),
+        );
+    }
+    eventually("both ports held", Duration::from_secs(10), || {
+        let ss = Command::new("ip").args(["netns", "exec", &env.host.netns, "ss", "-Hltn"]).output().ok()?;
+        let s = String::from_utf8_lossy(&ss.stdout).into_owned();
+        (s.contains(":45000") && s.contains(":45001")).then_some(())
+    });
+    let out = env.hpk(&["up", "--name", "bad"]).output().expect("hpk up");
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out));
+    assert!(text(&out).contains("ip_local_port_range"), "{}", text(&out));
+    nothing_left("bad");
+}

@@ -1,0 +1,299 @@
+//! A test host (its own network namespace on a private bridge) running `hpk` with its own
+//! `HPK_HOME` and `HPK_STATE_DIR`, beside a local registry holding the busybox test images.
+//! Every cluster a test starts is taken down when the [`Env`] drops, also on a panic.
+
+#![allow(dead_code, missing_docs)]
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use hpk_integration::netns::{Host, TestNetwork};
+use hpk_integration::registry::{Client, Registry};
+
+/// The bubble image the tests run (`make images` builds it).
+pub fn image() -> Option<PathBuf> {
+    let path = std::env::var_os("HPK_IMAGE").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/images/hpk-bubble")
+    });
+    if path.join("index.json").is_file() {
+        return Some(path);
+    }
+    let why = format!("no hpk-bubble image at {} (make images)", path.display());
+    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// Whether the tools the tests use are present (else the test prints why and returns).
+pub fn prerequisites() -> Option<PathBuf> {
+    if !hpk_integration::tools_present(&["crun", "slirp4netns", "docker-registry", "ip", "nsenter", "curl", "ss"]) {
+        return None;
+    }
+    image()
+}
+
+pub struct Env {
+    pub clusters: std::sync::Mutex<Vec<String>>,
+    pub registry: Registry,
+    pub shell: String,
+    pub httpd: String,
+    pub image: PathBuf,
+    pub home: tempfile::TempDir,
+    pub state: tempfile::TempDir,
+    pub kubectl: PathBuf,
+    pub host: Host,
+    pub network: TestNetwork,
+}
+
+impl Env {
+    pub async fn start(image: PathBuf) -> Self {
+        let network = TestNetwork::create(&["host"]).expect("test network");
+        let host = network.host("host").cloned().expect("host");
+        let registry = Registry::start(IpAddr::V4(host.ip), Some(&host.netns)).await.expect("registry");
+        let client = Client::new(&registry.url()).expect("registry client");
+        client.push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image")).await.expect("push");
+        client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image")).await.expect("push");
+        let shell = format!("{}/hpk/shell:v1", registry.host_port());
+        let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
+        let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
+        Self {
+            clusters: std::sync::Mutex::new(Vec::new()),
+            registry,
+            shell,
+            httpd,
+            image,
+            home: tempfile::Builder::new().prefix("hpk-home-").tempdir().expect("tempdir"),
+            state: tempfile::Builder::new().prefix("hpk-state-").tempdir().expect("tempdir"),
+            kubectl,
+            host,
+            network,
+        }
+    }
+
+    /// `hpk ARGS` on the test host, with this environment's directories and image.
+    pub fn hpk(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("nsenter");
+        // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
+        // hierarchy crun binds into the bubble.
+        cmd.arg(format!("--net=/run/netns/{}", self.host.netns))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_hpk"))
+            .args(args)
+            .env("HPK_HOME", self.home.path())
+            .env("HPK_STATE_DIR", self.state.path())
+            .env("HPK_IMAGE", &self.image);
+        cmd
+    }
+
+    /// `hpk up --name NAME --nodes N` with the registry allowed; returns its output.
+    pub fn up(&self, name: &str, nodes: u16) -> Output {
+        self.clusters.lock().expect("lock").push(name.to_owned());
+        let registry = format!("--insecure-registry={}", self.registry.host_port());
+        let n = nodes.to_string();
+        let out = self
+            .hpk(&["up", "--name", name, "--nodes", &n, &registry, "--kubelet-arg=--disk-pressure-percent=1"])
+            .output()
+            .expect("run hpk up");
+        out
+    }
+
+    pub fn kubeconfig(&self, name: &str) -> PathBuf {
+        self.home.path().join(name).join("kubeconfig")
+    }
+
+    pub fn kubectl(&self, name: &str, args: &[&str]) -> Output {
+        Command::new(&self.kubectl)
+            .arg(format!("--kubeconfig={}", self.kubeconfig(name).display()))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// kubectl's stdout; panics with stderr on failure.
+    pub fn kubectl_ok(&self, name: &str, args: &[&str]) -> String {
+        let out = self.kubectl(name, args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn apply(&self, name: &str, manifest: &str) {
+        use std::io::Write;
+        let mut child = Command::new(&self.kubectl)
+            .arg(format!("--kubeconfig={}", self.kubeconfig(name).display()))
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl apply");
+        child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "apply: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// `kubectl describe pods` and the events, plus each node's kubelet and runtime log tail,
+    /// for failure messages.
+    pub fn diagnose(&self, name: &str) -> String {
+        let mut out = String::new();
+        for args in [&["describe", "pods"][..], &["get", "events", "-A"][..]] {
+            out.push_str(&text(&self.kubectl(name, args)));
+        }
+        for node in std::fs::read_dir(self.state.path().join(name)).into_iter().flatten().flatten() {
+            for log in ["hpk-kubelet.log", "hpk-pod-runtime.log", "hpk-net-forwarder.log", "bubble.log"] {
+                let path = node.path().join("logs").join(log);
+                let body = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = body.lines().collect();
+                out.push_str(&format!("--- {}:\n{}\n", path.display(), lines[lines.len().saturating_sub(15)..].join("\n")));
+            }
+        }
+        out
+    }
+
+    pub fn down(&self, name: &str) -> Output {
+        let out = self.hpk(&["down", "--name", name]).output().expect("run hpk down");
+        self.clusters.lock().expect("lock").retain(|c| c != name);
+        out
+    }
+
+    /// Everything of cluster `name` a clean `down` must remove, as seen now.
+    pub fn footprint(&self, name: &str) -> Footprint {
+        let state = self.state.path().join(name);
+        let home = self.home.path().join(name);
+        let mut pids = Vec::new();
+        let mut namespaces = Vec::new();
+        let needles = [state.display().to_string(), format!("--cluster={name}")];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if needles.iter().any(|n| cmdline.contains(n.as_str())) {
+                pids.push(pid);
+                for ns in ["user", "net", "mnt"] {
+                    if let Ok(link) = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")) {
+                        namespaces.push(link.display().to_string());
+                    }
+                }
+            }
+        }
+        namespaces.sort();
+        namespaces.dedup();
+        let mut ports = Vec::new();
+        for record in std::fs::read_dir(home.join("nodes")).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(record.path()).unwrap_or_default();
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            for pair in value["ports"].as_array().into_iter().flatten() {
+                if let Some(port) = pair[1].as_u64() {
+                    ports.push(port as u16);
+                }
+            }
+        }
+        let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&state.display().to_string()) || l.contains(&home.display().to_string()))
+            .map(str::to_owned)
+            .collect();
+        Footprint { pids, namespaces, ports, mounts, state, home }
+    }
+
+    /// What of `before` is still there: live processes, namespaces still held by any process,
+    /// listening sockets on the recorded ports, mounts, files.
+    pub fn leftovers(&self, before: &Footprint) -> Vec<String> {
+        let mut left = Vec::new();
+        for pid in &before.pids {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned));
+            if state.as_deref().is_some_and(|s| s != "Z" && s != "X") {
+                left.push(format!("process {pid} alive: {stat}"));
+            }
+        }
+        let mut held = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+                continue;
+            }
+            for ns in ["user", "net", "mnt"] {
+                if let Ok(link) = std::fs::read_link(entry.path().join("ns").join(ns)) {
+                    held.insert(link.display().to_string());
+                }
+            }
+        }
+        for ns in &before.namespaces {
+            if held.contains(ns) {
+                left.push(format!("namespace {ns} still held"));
+            }
+        }
+        let ss = Command::new("ip")
+            .args(["netns", "exec", &self.host.netns, "ss", "-Hlntu"])
+            .output()
+            .expect("ss");
+        let listening = String::from_utf8_lossy(&ss.stdout).into_owned();
+        for port in &before.ports {
+            if listening.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|a| a.ends_with(&format!(":{port}")))) {
+                left.push(format!("port {port} still bound"));
+            }
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for path in [&before.state, &before.home] {
+            if mountinfo.contains(&path.display().to_string()) {
+                left.push(format!("mounts under {}", path.display()));
+            }
+            if path.exists() {
+                left.push(format!("{} exists", path.display()));
+            }
+        }
+        left
+    }
+}
+
+#[derive(Debug)]
+pub struct Footprint {
+    pub pids: Vec<u32>,
+    pub namespaces: Vec<String>,
+    pub ports: Vec<u16>,
+    pub mounts: Vec<String>,
+    pub state: PathBuf,
+    pub home: PathBuf,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let clusters = std::mem::take(&mut *self.clusters.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for name in clusters {
+            let out = self.hpk(&["down", "--name", &name]).output();
+            if let Ok(out) = out
+                && !out.status.success()
+            {
+                eprintln!("cleanup: hpk down --name {name}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+}
+
+/// Polls `check` every 250 ms until it returns Some, panicking after `within`.
+pub fn eventually<T>(what: &str, within: Duration, check: impl FnMut() -> Option<T>) -> T {
+    eventually_or(what, within, check, String::new)
+}
+
+/// [`eventually`], with `diagnose()` in the panic message.
+pub fn eventually_or<T>(
+    what: &str,
+    within: Duration,
+    mut check: impl FnMut() -> Option<T>,
+    diagnose: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}\n{}", diagnose());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+pub fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
