@@ -27,6 +27,8 @@ setup_packages() {
   # benchmark starts its own in test namespaces.
   echo "iperf3 iperf3/start_daemon boolean false" | as_root debconf-set-selections
   apt_install iperf3 slirp4netns iputils-ping
+  # kube-proxy's nftables mode (it runs `nft`) for ClusterIP Services on the test nodes.
+  apt_install nftables
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
   # The same for iperf3, should it have been enabled before.
@@ -56,6 +58,9 @@ setup_tools() {
   # metrics-server for `kubectl top` in the kubelet API tests (run there as a pod from a
   # Docker-free image of this static binary); v0.9.0 is the newest the module proxy serves.
   CGO_ENABLED=0 go_tool metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server@v0.9.0
+  # Cluster DNS (deploy/coredns.yaml), run as a pod from a Docker-free image of this static
+  # binary in the Services tests.
+  CGO_ENABLED=0 go_tool coredns github.com/coredns/coredns@v1.14.7
   setup_critest
 }
 

@@ -298,6 +298,29 @@ impl ControlPlane {
         cmd
     }
 
+    /// `kubectl apply -f -` of `manifest` as cluster admin.
+    pub fn apply(&self, manifest: &str) -> Result<()> {
+        let mut cmd = self.kubectl();
+        cmd.args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let shown = format!("{cmd:?}");
+        let mut child = cmd.spawn().map_err(|e| Error::io("run", &shown, e))?;
+        let written =
+            std::io::Write::write_all(&mut child.stdin.take().expect("stdin is piped"), manifest.as_bytes());
+        let out = child.wait_with_output().map_err(|e| Error::io("run", &shown, e))?;
+        written.map_err(|e| Error::io("write to", &shown, e))?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                command: shown,
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// The directory holding the control-plane binaries.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
@@ -350,6 +373,30 @@ impl ControlPlane {
             &files,
         )?;
         Ok(path)
+    }
+}
+
+impl ControlPlane {
+    /// Routes every Node's podCIDR from the control-plane host via the Node's InternalIP, as a
+    /// flat node network would: pods reaching the API server through the `kubernetes` Service
+    /// (kube-proxy DNATs without masquerading pod sources) and the API server reaching pods
+    /// (aggregated APIs, webhooks) both need it. Returns the routes as `CIDR via IP`; Nodes
+    /// without a podCIDR yet are left out.
+    pub async fn route_pod_cidrs(&self) -> Result<Vec<String>> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.admin_client().await?);
+        let mut routes = Vec::new();
+        for node in nodes.list(&Default::default()).await? {
+            let cidr = node.spec.as_ref().and_then(|s| s.pod_cidr.clone());
+            let ip = node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP").map(|a| a.address.clone()));
+            let (Some(cidr), Some(ip)) = (cidr, ip) else { continue };
+            crate::netns::ip(&["-n", &self.host.netns, "route", "replace", &cidr, "via", &ip])?;
+            routes.push(format!("{cidr} via {ip}"));
+        }
+        Ok(routes)
     }
 }
 

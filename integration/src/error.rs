@@ -63,6 +63,12 @@ pub enum Error {
     /// A Kubernetes client call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// An image could not be built.
+    #[error("image: {0}")]
+    Image(#[from] crate::image::Error),
+    /// The registry refused or could not be reached.
+    #[error("registry: {0}")]
+    Registry(#[from] Box<crate::registry::Error>),
     /// A kubeconfig could not be built or loaded.
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),

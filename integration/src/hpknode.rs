@@ -50,12 +50,16 @@ pub struct NodeOptions {
     pub tunnel_key: Option<PathBuf>,
     /// More kubelet flags.
     pub kubelet_args: Vec<String>,
+    /// Also run upstream kube-proxy (nftables mode) in the host's namespace, so the node's
+    /// pods reach ClusterIP Services ([`crate::kubeproxy`]).
+    pub kube_proxy: bool,
 }
 
 /// One HPK node's processes; on drop the kubelet stops first, then every pod is removed, then
 /// the runtime and the net-forwarder stop.
 pub struct HpkNode {
     kubelet: Option<Process>,
+    kube_proxy: Option<Process>,
     runtime: Option<Process>,
     net_forwarder: Option<Process>,
     host: Host,
@@ -136,8 +140,13 @@ impl HpkNode {
             format!("--root-dir={}", dir.join("kubelet").display()),
         ];
         kubelet_args.extend(options.kubelet_args.iter().cloned());
+        let kube_proxy = match options.kube_proxy {
+            true => Some(crate::kubeproxy::start(cp, &host, &dir.join("kube-proxy.log"))?),
+            false => None,
+        };
         let mut node = Self {
             kubelet: None,
+            kube_proxy,
             runtime: Some(runtime),
             net_forwarder: Some(net_forwarder),
             host,
@@ -197,6 +206,17 @@ impl HpkNode {
         &self.runtime_socket
     }
 
+    /// Waits until the node's kube-proxy has synced its rules (`/healthz` answers 200); an
+    /// error if the node runs none or it exits.
+    pub fn wait_kube_proxy(&mut self, within: std::time::Duration) -> Result<()> {
+        let host = self.host.clone();
+        let process = self.kube_proxy.as_mut().ok_or_else(|| Error::Missing {
+            what: format!("kube-proxy on {}", host.name),
+            hint: "start the node with NodeOptions::kube_proxy".into(),
+        })?;
+        crate::kubeproxy::wait_healthy(process, &host, within)
+    }
+
     /// The test host the node runs on.
     pub fn host(&self) -> &Host {
         &self.host
@@ -205,9 +225,12 @@ impl HpkNode {
     /// The tails of the three logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for (name, p) in
-            [("kubelet", &self.kubelet), ("runtime", &self.runtime), ("net-forwarder", &self.net_forwarder)]
-        {
+        for (name, p) in [
+            ("kubelet", &self.kubelet),
+            ("runtime", &self.runtime),
+            ("net-forwarder", &self.net_forwarder),
+            ("kube-proxy", &self.kube_proxy),
+        ] {
             if let Some(p) = p {
                 out.push_str(&format!("--- {name} on {}:\n{}\n", self.host.name, p.log_tail(40)));
             }
@@ -243,5 +266,7 @@ impl Drop for HpkNode {
         }
         self.runtime.take();
         self.net_forwarder.take();
+        // Its rules go with the host's namespace.
+        self.kube_proxy.take();
     }
 }

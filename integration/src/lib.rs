@@ -6,13 +6,17 @@
 //!   upstream ones, built by `controlplane/build.sh`), each its own process on a test host.
 //! - [`registry`] and [`image`]: a local OCI registry and test images built without Docker.
 //! - [`hpknode`]: an HPK node (net-forwarder, pod-runtime, kubelet) on a test host.
+//! - [`kubeproxy`] and [`clusterdns`]: ClusterIP Services (upstream kube-proxy, nftables mode)
+//!   and cluster DNS (CoreDNS from `deploy/coredns.yaml`) for the HPK nodes.
 //!
 //! Everything a harness object creates it removes when dropped, also while a test panics.
 
+pub mod clusterdns;
 pub mod controlplane;
 mod error;
 pub mod hpknode;
 pub mod image;
+pub mod kubeproxy;
 pub mod netns;
 pub mod pki;
 pub mod process;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use hpk_integration::clusterdns;
 use hpk_integration::controlplane::ControlPlane;
 use hpk_integration::hpknode::{HpkNode, NodeOptions, PEER_READER_RBAC};
 use hpk_integration::registry::{Client, Registry};
@@ -30,12 +31,14 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "node1")]
         nodes: Vec<String>,
         /// Also run an HPK node on each node host: hpk-net-forwarder (with the tunnel between
-        /// the nodes), hpk-pod-runtime and hpk-kubelet, from the directory of this binary
-        /// (`cargo build --workspace --bins`).
+        /// the nodes), hpk-pod-runtime, hpk-kubelet (from the directory of this binary, `cargo
+        /// build --workspace --bins`) and kube-proxy (nftables mode, for ClusterIP Services).
+        /// The control-plane host gets a route to each node's pod CIDR.
         #[arg(long)]
         hpk: bool,
         /// With --hpk: also run a local registry holding the test images (busybox shell and
-        /// httpd) and let the nodes pull from it.
+        /// httpd) and let the nodes pull from it; with `coredns` on PATH (scripts/setup.sh),
+        /// also cluster DNS: CoreDNS from deploy/coredns.yaml as Service kube-dns.
         #[arg(long, requires = "hpk")]
         registry: bool,
         /// One more flag for every kubelet (repeatable), e.g. --kubelet-arg=--disk-pressure-percent=1.
@@ -82,13 +85,30 @@ async fn up(nodes: Vec<String>, hpk: Option<HpkOptions>) -> anyhow::Result<()> {
         true => Some(start_registry(&cp).await?),
         false => None,
     };
+    // Cluster DNS needs the registry (for its image) and the coredns binary.
+    let dns = registry.is_some()
+        && match clusterdns::coredns_binary() {
+            Ok(_) => true,
+            Err(e) => {
+                println!("  no cluster DNS: {e}");
+                false
+            }
+        };
     let hpk_nodes = match hpk {
-        Some(options) => {
+        Some(mut options) => {
             let insecure = registry.as_ref().map(Registry::host_port);
+            if dns {
+                options.kubelet_args.push(format!("--cluster-dns={}", clusterdns::CLUSTER_DNS_IP));
+            }
             start_hpk_nodes(&cp, &names, insecure, options.kubelet_args).await?
         }
         None => Vec::new(),
     };
+    if let Some(registry) = registry.as_ref().filter(|_| dns && !hpk_nodes.is_empty()) {
+        let image = clusterdns::deploy(&cp, registry).await?;
+        clusterdns::wait_ready(&cp, Duration::from_secs(120)).await?;
+        println!("  cluster DNS ready: kube-dns at {} ({image})", clusterdns::CLUSTER_DNS_IP);
+    }
     println!("stop with Ctrl-C or `hpk-testcluster down`");
     shutdown.cancelled().await;
     if !hpk_nodes.is_empty() {
@@ -131,7 +151,8 @@ async fn start_hpk_nodes(
     let generated =
         std::process::Command::new(bin_dir.join("hpk-net-forwarder")).arg("gen-key").arg(&key).status();
     anyhow::ensure!(generated.is_ok_and(|s| s.success()), "hpk-net-forwarder gen-key failed");
-    let node_options = NodeOptions { bin_dir, insecure_registry, tunnel_key: Some(key), kubelet_args };
+    let node_options =
+        NodeOptions { bin_dir, insecure_registry, tunnel_key: Some(key), kubelet_args, kube_proxy: true };
     let mut nodes = Vec::new();
     for name in names {
         let node = HpkNode::start(cp, name, &cp.dir().join("hpk").join(name), &node_options)?;
@@ -161,6 +182,13 @@ async fn start_hpk_nodes(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    for node in &mut nodes {
+        node.wait_kube_proxy(Duration::from_secs(60))?;
+    }
+    for route in cp.route_pod_cidrs().await? {
+        println!("  control-plane host: route {route}");
+    }
+    println!("  kube-proxy (nftables) synced on every node");
     Ok(nodes)
 }
 

@@ -16,9 +16,11 @@ use flate2::read::GzDecoder;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+mod binary;
 mod busybox;
 mod layer;
 
+pub use binary::{static_binary_image, static_binary_image_from};
 pub use busybox::{
     BUSYBOX, HTTPD_INDEX, HTTPD_PORT, busybox_available, busybox_layer, httpd_image, shell_image,
 };
@@ -79,6 +81,15 @@ pub enum Error {
         /// What was being done.
         action: &'static str,
         /// The host file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The binary of a one-binary image could not be read.
+    #[error("reading {path}: {source}")]
+    Binary {
+        /// The binary.
         path: PathBuf,
         /// The underlying error.
         #[source]

@@ -678,17 +678,7 @@ async fn kubectl_top(c: &Cluster) {
         .expect("ip route");
     assert!(route.success(), "route to the pod CIDR from the control-plane host");
 
-    let mut layer = hpk_integration::image::LayerBuilder::new();
-    layer
-        .dir("tmp", 0o1777)
-        .and_then(|l| l.file("metrics-server", std::fs::read(&binary).expect("read metrics-server"), 0o755))
-        .expect("layer");
-    let config = hpk_integration::image::ImageConfig {
-        entrypoint: vec!["/metrics-server".to_owned()],
-        ..hpk_integration::image::ImageConfig::default()
-    };
-    let image =
-        hpk_integration::image::build_image(vec![layer.build().expect("layer")], &config).expect("image");
+    let image = hpk_integration::image::static_binary_image_from(&binary).expect("metrics-server image");
     hpk_integration::registry::Client::new(&c.registry.url())
         .expect("registry client")
         .push("hpk/metrics-server", "v0.9.0", &image)

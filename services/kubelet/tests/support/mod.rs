@@ -71,6 +71,7 @@ impl Cluster {
                 // This machine's disk may be fuller than the default 10 % threshold allows.
                 "--disk-pressure-percent=1".into(),
             ],
+            kube_proxy: false,
         };
         cp.cert_signer_with_validity(&options.bin_dir, validity).expect("cert-signer");
         let node = HpkNode::start(&cp, NODE, &dir.path().join("node1"), &options).expect("node1");

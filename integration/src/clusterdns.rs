@@ -1,0 +1,126 @@
+//! Cluster DNS: CoreDNS from the product manifest `deploy/coredns.yaml`, its image built without
+//! Docker from the static `coredns` binary `scripts/setup.sh` builds, pushed to the harness's
+//! registry. Needs kube-proxy on the nodes (the `kube-dns` Service, and CoreDNS reaching the
+//! API server through the `kubernetes` Service).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+
+use crate::controlplane::ControlPlane;
+use crate::registry::{Client, Registry};
+use crate::{Error, Result};
+
+/// The manifest template (ServiceAccount, RBAC, Corefile, Deployment, Service `kube-dns`).
+pub const MANIFEST: &str = include_str!("../../deploy/coredns.yaml");
+/// The cluster DNS Service's address, in the Service CIDR (the kubelets' `--cluster-dns`).
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
+/// The cluster domain (the kubelets' `--cluster-domain`).
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The `kubernetes` Service's address, the first of the Service CIDR.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+
+/// What fills the manifest's placeholders.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `${COREDNS_IMAGE}`: the image reference the nodes pull.
+    pub image: String,
+    /// `${CLUSTER_DNS_IP}`.
+    pub dns_ip: String,
+    /// `${CLUSTER_DOMAIN}`.
+    pub domain: String,
+    /// `${KUBERNETES_SERVICE_IP}`.
+    pub kubernetes_ip: String,
+}
+
+impl Settings {
+    /// The harness's values with `image`.
+    pub fn with_image(image: String) -> Self {
+        Self {
+            image,
+            dns_ip: CLUSTER_DNS_IP.into(),
+            domain: CLUSTER_DOMAIN.into(),
+            kubernetes_ip: KUBERNETES_SERVICE_IP.into(),
+        }
+    }
+}
+
+/// The manifest with every placeholder filled; an error names a placeholder left over.
+pub fn manifest(settings: &Settings) -> Result<String> {
+    let text = MANIFEST
+        .replace("${COREDNS_IMAGE}", &settings.image)
+        .replace("${CLUSTER_DNS_IP}", &settings.dns_ip)
+        .replace("${CLUSTER_DOMAIN}", &settings.domain)
+        .replace("${KUBERNETES_SERVICE_IP}", &settings.kubernetes_ip);
+    match text.find("${") {
+        Some(at) => Err(Error::Missing {
+            what: format!("a value for {}", text[at..].split('}').next().unwrap_or("${")),
+            hint: "deploy/coredns.yaml has a placeholder clusterdns::manifest does not fill".into(),
+        }),
+        None => Ok(text),
+    }
+}
+
+/// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
+pub fn coredns_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join("coredns")).find(|p| p.is_file()).ok_or_else(|| {
+        Error::Missing {
+            what: "coredns on PATH".into(),
+            hint: "scripts/setup.sh builds it into ~/.cache/hpk/tools/bin".into(),
+        }
+    })
+}
+
+/// Builds the CoreDNS image, pushes it to `registry` and applies the manifest; returns the
+/// image reference. Does not wait: see [`wait_ready`].
+pub async fn deploy(cp: &ControlPlane, registry: &Registry) -> Result<String> {
+    let binary = coredns_binary()?;
+    let image = crate::image::static_binary_image_from(&binary)?;
+    // The tag names the binary, so a rebuilt coredns is never hidden behind a cached tag.
+    let tag = format!("sha-{}", &image.layers[0].diff_id.as_str()["sha256:".len()..][..12]);
+    let client = Client::new(&registry.url()).map_err(Box::new)?;
+    client.push("hpk/coredns", &tag, &image).await.map_err(Box::new)?;
+    let reference = format!("{}/hpk/coredns:{tag}", registry.host_port());
+    cp.apply(&manifest(&Settings::with_image(reference.clone()))?)?;
+    Ok(reference)
+}
+
+/// Waits until every CoreDNS replica is ready.
+pub async fn wait_ready(cp: &ControlPlane, within: Duration) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(cp.admin_client().await?, "kube-system");
+    let deadline = Instant::now() + within;
+    loop {
+        let status = deployments.get_opt("coredns").await?.and_then(|d| Some((d.spec?.replicas, d.status?)));
+        let last = match status {
+            Some((wanted, status)) if status.ready_replicas.unwrap_or(0) >= wanted.unwrap_or(1) => {
+                return Ok(());
+            }
+            Some((wanted, status)) => {
+                format!("{} of {} replicas ready", status.ready_replicas.unwrap_or(0), wanted.unwrap_or(1))
+            }
+            None => "no Deployment kube-system/coredns".into(),
+        };
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady { what: "CoreDNS".into(), seconds: within.as_secs(), detail: last });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        let text = manifest(&Settings::with_image("registry:5000/hpk/coredns:x".into())).expect("manifest");
+        assert!(text.contains("image: registry:5000/hpk/coredns:x"), "{text}");
+        assert!(text.contains("clusterIP: 10.96.0.10"), "{text}");
+        assert!(text.contains("kubernetes cluster.local in-addr.arpa"), "{text}");
+        let forwards = text.lines().filter(|l| l.trim_start().starts_with("forward")).count();
+        assert_eq!(forwards, 0, "no query may leave the cluster: {text}");
+    }
+}
