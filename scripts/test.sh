@@ -24,6 +24,13 @@ stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts
 stage "image unpack" images/test.sh
+# The bubble image the hpk tests run: our binaries (built once here; cargo test reuses them)
+# on the cached Debian base, as make images builds it.
+build_images() {
+  cargo build --workspace --bins --locked
+  make images
+}
+stage "binaries and images" build_images
 # cargo prints one result line per test binary, the last often a doc-test run of 0; close with
 # the sum so the outcome is one line.
 cargo_test() {

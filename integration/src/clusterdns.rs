@@ -13,54 +13,11 @@ use crate::controlplane::ControlPlane;
 use crate::registry::{Client, Registry};
 use crate::{Error, Result};
 
-/// The manifest template (ServiceAccount, RBAC, Corefile, Deployment, Service `kube-dns`).
-pub const MANIFEST: &str = include_str!("../../deploy/coredns.yaml");
-/// The cluster DNS Service's address, in the Service CIDR (the kubelets' `--cluster-dns`).
-pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
-/// The cluster domain (the kubelets' `--cluster-domain`).
-pub const CLUSTER_DOMAIN: &str = "cluster.local";
-/// The `kubernetes` Service's address, the first of the Service CIDR.
-pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+pub use hpk::addons::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, COREDNS_MANIFEST as MANIFEST, KUBERNETES_SERVICE_IP};
 
-/// What fills the manifest's placeholders.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// `${COREDNS_IMAGE}`: the image reference the nodes pull.
-    pub image: String,
-    /// `${CLUSTER_DNS_IP}`.
-    pub dns_ip: String,
-    /// `${CLUSTER_DOMAIN}`.
-    pub domain: String,
-    /// `${KUBERNETES_SERVICE_IP}`.
-    pub kubernetes_ip: String,
-}
-
-impl Settings {
-    /// The harness's values with `image`.
-    pub fn with_image(image: String) -> Self {
-        Self {
-            image,
-            dns_ip: CLUSTER_DNS_IP.into(),
-            domain: CLUSTER_DOMAIN.into(),
-            kubernetes_ip: KUBERNETES_SERVICE_IP.into(),
-        }
-    }
-}
-
-/// The manifest with every placeholder filled; an error names a placeholder left over.
-pub fn manifest(settings: &Settings) -> Result<String> {
-    let text = MANIFEST
-        .replace("${COREDNS_IMAGE}", &settings.image)
-        .replace("${CLUSTER_DNS_IP}", &settings.dns_ip)
-        .replace("${CLUSTER_DOMAIN}", &settings.domain)
-        .replace("${KUBERNETES_SERVICE_IP}", &settings.kubernetes_ip);
-    match text.find("${") {
-        Some(at) => Err(Error::Missing {
-            what: format!("a value for {}", text[at..].split('}').next().unwrap_or("${")),
-            hint: "deploy/coredns.yaml has a placeholder clusterdns::manifest does not fill".into(),
-        }),
-        None => Ok(text),
-    }
+/// The product's CoreDNS manifest ([`hpk::addons::coredns_manifest`]) for `image`.
+pub fn manifest(image: &str) -> Result<String> {
+    Ok(hpk::addons::coredns_manifest(image)?)
 }
 
 /// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
@@ -84,7 +41,7 @@ pub async fn deploy(cp: &ControlPlane, registry: &Registry) -> Result<String> {
     let client = Client::new(&registry.url()).map_err(Box::new)?;
     client.push("hpk/coredns", &tag, &image).await.map_err(Box::new)?;
     let reference = format!("{}/hpk/coredns:{tag}", registry.host_port());
-    cp.apply(&manifest(&Settings::with_image(reference.clone()))?)?;
+    cp.apply(&manifest(&reference)?)?;
     Ok(reference)
 }
 
@@ -116,7 +73,7 @@ mod tests {
 
     #[test]
     fn every_placeholder_is_filled() {
-        let text = manifest(&Settings::with_image("registry:5000/hpk/coredns:x".into())).expect("manifest");
+        let text = manifest("registry:5000/hpk/coredns:x").expect("manifest");
         assert!(text.contains("image: registry:5000/hpk/coredns:x"), "{text}");
         assert!(text.contains("clusterIP: 10.96.0.10"), "{text}");
         assert!(text.contains("kubernetes cluster.local in-addr.arpa"), "{text}");

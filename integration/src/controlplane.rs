@@ -14,10 +14,7 @@ use crate::pki::{ClusterPki, write_kubeconfig};
 use crate::process::Process;
 use crate::{Error, Result};
 
-/// The Service CIDR; its first address is the `kubernetes` Service.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The Pod CIDR the controller-manager cuts node podCIDRs from.
-pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+pub use hpk::addons::{CLUSTER_CIDR, SERVICE_CIDR};
 /// The API server's port on its host.
 pub const API_PORT: u16 = 6443;
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -85,7 +82,8 @@ impl ControlPlane {
             .tempdir()
             .map_err(|e| Error::io("create", "temp dir", e))?;
         let service_ip: IpAddr = "10.96.0.1".parse().expect("literal");
-        let pki = ClusterPki::generate(&dir.path().join("pki"), "hpk-test", &[IpAddr::V4(host.ip)], service_ip)?;
+        let pki =
+            ClusterPki::generate(&dir.path().join("pki"), "hpk-test", &[IpAddr::V4(host.ip)], service_ip)?;
         let api_url = format!("https://{}:{API_PORT}", host.ip);
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;

@@ -72,9 +72,9 @@ pub enum Error {
     /// A kubeconfig could not be built or loaded.
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
-    /// The cluster PKI (shared with the `hpk` command) could not be made.
-    #[error("PKI: {0}")]
-    HpkPki(#[from] hpk::Error),
+    /// What the harness shares with the `hpk` command (the PKI, the add-ons) failed.
+    #[error("{0}")]
+    Hpk(#[from] hpk::Error),
 }
 
 /// Result with this crate's [`Error`].

@@ -20,38 +20,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::controlplane::{CLUSTER_CIDR, ControlPlane};
+use crate::controlplane::ControlPlane;
 use crate::netns::Host;
 use crate::pki::write_kubeconfig;
 use crate::process::Process;
 use crate::{Error, Result};
 
-/// kube-proxy's health endpoint on the node's loopback (200 once its rules are synced).
-pub const HEALTHZ_ADDRESS: &str = "127.0.0.1:10256";
-/// kube-proxy's metrics on the node's loopback.
-pub const METRICS_ADDRESS: &str = "127.0.0.1:10249";
-/// The identity kube-proxy authenticates as; the API server's bootstrap policy binds it to
-/// ClusterRole `system:node-proxier`.
-pub const USER: &str = "system:kube-proxy";
+pub use hpk::addons::{
+    KUBE_PROXY_HEALTHZ as HEALTHZ_ADDRESS, KUBE_PROXY_METRICS as METRICS_ADDRESS, KUBE_PROXY_USER as USER,
+};
 
-/// The flags for kube-proxy on node `node` (address `node_ip`), with `kubeconfig`: nftables
-/// mode, the pod CIDR, loopback-only listeners, no conntrack sysctls.
-pub fn args(node: &str, node_ip: Ipv4Addr, kubeconfig: &Path, cluster_cidr: &str) -> Vec<String> {
-    vec![
-        "--proxy-mode=nftables".into(),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--hostname-override={node}"),
-        // Its idea of the node's primary address (NodePorts), not a listener.
-        format!("--bind-address={node_ip}"),
-        format!("--cluster-cidr={cluster_cidr}"),
-        format!("--healthz-bind-address={HEALTHZ_ADDRESS}"),
-        format!("--metrics-bind-address={METRICS_ADDRESS}"),
-        "--conntrack-max-per-core=0".into(),
-        "--conntrack-min=0".into(),
-        "--conntrack-tcp-timeout-established=0".into(),
-        "--conntrack-tcp-timeout-close-wait=0".into(),
-        "--profiling=false".into(),
-    ]
+/// The flags for kube-proxy on node `node` (the product's, [`hpk::addons::kube_proxy_args`]).
+pub fn args(node: &str, node_ip: Ipv4Addr, kubeconfig: &Path) -> Vec<String> {
+    hpk::addons::kube_proxy_args(node, node_ip, kubeconfig)
 }
 
 /// Writes the kubeconfig kube-proxy uses (a `system:kube-proxy` client certificate from the
@@ -69,7 +50,7 @@ pub fn kubeconfig(cp: &ControlPlane) -> Result<std::path::PathBuf> {
 pub fn start(cp: &ControlPlane, host: &Host, log: &Path) -> Result<Process> {
     let kubeconfig = kubeconfig(cp)?;
     let mut cmd = host.command(cp.bin_dir().join("kube-proxy"));
-    cmd.args(args(&host.name, host.ip, &kubeconfig, CLUSTER_CIDR));
+    cmd.args(args(&host.name, host.ip, &kubeconfig));
     Process::spawn("kube-proxy", cmd, log)
 }
 

@@ -47,6 +47,14 @@ enum Command {
     },
     /// Stop the cluster an `up` started (SIGTERM to its PID) and wait until it has cleaned up.
     Down,
+    /// A test host of its own (a network namespace on a private bridge) with a local registry
+    /// holding the test images and CoreDNS, for `hpk up` run on that host (`scripts/demo.sh`).
+    /// Writes shell variables to --env-file once ready; runs until SIGINT/SIGTERM.
+    Registry {
+        /// Where to write `HPK_DEMO_NETNS=…`, `HPK_DEMO_REGISTRY=…`, the image references.
+        #[arg(long)]
+        env_file: PathBuf,
+    },
     /// Remove what killed harness runs left behind (processes in `hpkt-*` namespaces, the
     /// namespaces, `hpktb*` bridges). Only while no test or `up` is running.
     Sweep,
@@ -192,6 +200,34 @@ async fn start_hpk_nodes(
     Ok(nodes)
 }
 
+async fn registry_host(env_file: PathBuf) -> anyhow::Result<()> {
+    let shutdown = hpk_rpc::shutdown::on_signal().context("signal handlers")?;
+    let network = hpk_integration::netns::TestNetwork::create(&["demo"])?;
+    let host = network.host("demo").context("the demo host")?.clone();
+    let registry = Registry::start(std::net::IpAddr::V4(host.ip), Some(&host.netns)).await?;
+    let client = Client::new(&registry.url())?;
+    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
+    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
+    let coredns = hpk_integration::image::static_binary_image_from(&clusterdns::coredns_binary()?)?;
+    client.push("hpk/coredns", "v1", &coredns).await?;
+    let r = registry.host_port();
+    let vars = format!(
+        "HPK_DEMO_NETNS={}\nHPK_DEMO_ADDRESS={}\nHPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={r}/hpk/shell:v1\n\
+         HPK_DEMO_HTTPD={r}/hpk/httpd:v1\nHPK_DEMO_COREDNS={r}/hpk/coredns:v1\n",
+        host.netns, host.ip
+    );
+    std::fs::write(&env_file, vars).with_context(|| format!("write {}", env_file.display()))?;
+    println!(
+        "demo host {} ({}), registry {r} with hpk/shell:v1, hpk/httpd:v1, hpk/coredns:v1",
+        host.netns, host.ip
+    );
+    shutdown.cancelled().await;
+    drop(registry);
+    drop(network);
+    let _ = std::fs::remove_file(&env_file);
+    Ok(())
+}
+
 fn down() -> anyhow::Result<()> {
     let pid_file = pid_file();
     let text = std::fs::read_to_string(&pid_file)
@@ -226,6 +262,7 @@ async fn main() -> ExitCode {
             up(nodes, hpk).await
         }
         Command::Down => down(),
+        Command::Registry { env_file } => registry_host(env_file).await,
         Command::Sweep => hpk_integration::netns::sweep().map_err(Into::into).map(|removed| {
             for thing in &removed {
                 println!("removed {thing}");

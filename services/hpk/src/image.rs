@@ -130,7 +130,7 @@ fn unpack_layout(image: &Path, layout: &Path, cache: &Path) -> Result<Unpacked> 
         let d = rootfs.join(dir);
         std::fs::create_dir_all(&d).map_err(|e| Error::io("create", d.display(), e))?;
     }
-    for file in ["etc/resolv.conf", "etc/hosts", "etc/hostname"] {
+    for file in ["etc/resolv.conf", "etc/hosts", "etc/hostname", "etc/machine-id"] {
         let f = rootfs.join(file);
         if std::fs::symlink_metadata(&f).is_err() {
             std::fs::write(&f, "").map_err(|e| Error::io("create", f.display(), e))?;

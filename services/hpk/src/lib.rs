@@ -2,6 +2,7 @@
 //! `hpk bubble` launches one bubble (what `slurm/hpk.slurm` runs on each node); `hpk
 //! bubble-init` is the bubble's first process inside. See ARCHITECTURE.md.
 
+pub mod addons;
 pub mod bubble;
 pub mod cluster;
 pub mod error;

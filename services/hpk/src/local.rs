@@ -18,6 +18,7 @@ use crate::{image, preflight};
 const CONTROL_PLANE_BOUND: Duration = Duration::from_secs(180);
 const NODES_BOUND: Duration = Duration::from_secs(180);
 const DOWN_BOUND: Duration = Duration::from_secs(60);
+const DNS_BOUND: Duration = Duration::from_secs(120);
 
 /// `hpk up` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -40,6 +41,9 @@ pub struct UpArgs {
     /// A registry pods may pull from over plain HTTP (`host:port`; repeatable).
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
+    /// The CoreDNS image for cluster DNS.
+    #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
+    pub coredns_image: String,
 }
 
 /// `hpk down` / `hpk status` arguments.
@@ -154,16 +158,84 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let nodes_ready = t0.elapsed();
+    step("waiting for cluster DNS (CoreDNS)");
+    wait_coredns(nodes.clone().into_client(), &pids, shared).await?;
+    done(&format!("cluster DNS ready ({:.1} s)", t0.elapsed().as_secs_f64()));
     println!(
-        "\nCluster {} is up: {} node(s) Ready in {:.1} s.\n",
+        "\nCluster {} is up: {} node(s) Ready in {:.1} s, cluster DNS in {:.1} s.\n",
         shared.name,
         names.len(),
+        nodes_ready.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
     println!("export KUBECONFIG={}", shared.kubeconfig().display());
     println!("kubectl get nodes -o wide\n");
     print_status(shared).await;
     Ok(())
+}
+
+/// Waits until every CoreDNS replica is ready (bounded), or a launcher dies.
+async fn wait_coredns(client: kube::Client, pids: &[(String, u32)], shared: &Shared) -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let deployments: Api<Deployment> = Api::namespaced(client, "kube-system");
+    let deadline = Instant::now() + DNS_BOUND;
+    loop {
+        check_launchers(shared, pids)?;
+        let last = match deployments.get_opt("coredns").await {
+            Ok(Some(d)) => {
+                let wanted = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+                if ready >= wanted {
+                    return Ok(());
+                }
+                format!("{ready} of {wanted} replicas ready")
+            }
+            Ok(None) => "no Deployment kube-system/coredns yet".into(),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            let pods = pod_states(
+                &Api::namespaced(deployments.clone().into_client(), "kube-system"),
+                "k8s-app=kube-dns",
+            )
+            .await;
+            return Err(Error::NotReady {
+                what: "cluster DNS (kube-system/coredns)".into(),
+                seconds: DNS_BOUND.as_secs(),
+                detail: format!("{last}\n{pods}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// One line per pod matching `selector` and per container: where it runs and why it waits.
+async fn pod_states(pods: &Api<Pod>, selector: &str) -> String {
+    let Ok(list) = pods.list(&ListParams::default().labels(selector)).await else {
+        return String::new();
+    };
+    let mut out = Vec::new();
+    for pod in list.items {
+        let name = pod.metadata.name.unwrap_or_default();
+        let node = pod.spec.and_then(|s| s.node_name).unwrap_or_else(|| "(unscheduled)".into());
+        let status = pod.status.unwrap_or_default();
+        out.push(format!("  pod {name} on {node}: {}", status.phase.unwrap_or_default()));
+        for c in status.container_statuses.unwrap_or_default() {
+            let state = c.state.unwrap_or_default();
+            let why = match (state.waiting, state.terminated) {
+                (Some(w), _) => {
+                    format!("waiting: {} {}", w.reason.unwrap_or_default(), w.message.unwrap_or_default())
+                }
+                (_, Some(t)) => {
+                    format!("terminated: {} (exit {})", t.reason.unwrap_or_default(), t.exit_code)
+                }
+                _ => format!("running, ready={}", c.ready),
+            };
+            out.push(format!("    {}: {why}; restarts {}", c.name, c.restart_count));
+        }
+    }
+    out.join("\n")
 }
 
 fn spawn_launcher(
@@ -194,6 +266,7 @@ fn spawn_launcher(
     for r in &args.insecure_registries {
         cmd.arg(format!("--insecure-registry={r}"));
     }
+    cmd.arg(format!("--coredns-image={}", args.coredns_image));
     // Its own session: the launcher outlives `hpk up` and a closed terminal.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hpk_integration::image::{HTTPD_INDEX, HTTPD_PORT};
+use hpk_integration::image::HTTPD_PORT;
 use support::{Env, eventually, eventually_or, prerequisites, text};
 
 fn pods_on_nodes(env: &Env, cluster: &str, selector: &str) -> Vec<(String, String, String, String)> {
@@ -33,6 +33,7 @@ async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     assert!(up.status.success(), "hpk up failed:\n{output}");
     assert!(output.contains(&format!("export KUBECONFIG={}", env.kubeconfig("demo").display())), "{output}");
     assert!(output.contains("2 node(s) Ready"), "{output}");
+    assert!(output.contains("cluster DNS ready"), "{output}");
     let nodes = env.kubectl_ok("demo", &["get", "nodes", "--no-headers"]);
     assert_eq!(nodes.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count(), 2, "{nodes}");
 
@@ -49,7 +50,19 @@ spec:
       topologySpreadConstraints:
       - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}
       containers:
-      - {{name: httpd, image: {httpd}}}
+      - name: httpd
+        image: {httpd}
+        # Each replica serves its pod and node name, so a client sees which one answered.
+        command: [sh, -c, 'echo \"pod=$(hostname) node=$NODE_NAME\" > /www/index.html && exec httpd -f -p 8080 -h /www']
+        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
+        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web}}
+spec:
+  selector: {{app: web}}
+  ports: [{{port: 80, targetPort: 8080}}]
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -116,17 +129,28 @@ spec:
             .spawn()
             .expect("kubectl port-forward");
         let mut line = String::new();
-        BufReader::new(pf.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
+        // Kept open until curl is done: kubectl writes a second line, and dies of SIGPIPE if
+        // nobody reads.
+        let mut stdout = BufReader::new(pf.stdout.take().expect("stdout"));
+        stdout.read_line(&mut line).expect("read");
         let port = line
             .split("127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .unwrap_or_else(|| panic!("no local port in {line:?}"))
             .to_owned();
-        let curl = Command::new("curl").args(["-sS", "--max-time", "10", &format!("http://127.0.0.1:{port}/")]).output().expect("curl");
+        let curl = Command::new("curl")
+            .args(["-sS", "--max-time", "10", &format!("http://127.0.0.1:{port}/")])
+            .output()
+            .expect("curl");
         let _ = pf.kill();
         let _ = pf.wait();
-        assert_eq!(String::from_utf8_lossy(&curl.stdout), HTTPD_INDEX, "port-forward to {pod} on {node}: {}", text(&curl));
+        drop(stdout);
+        assert!(
+            String::from_utf8_lossy(&curl.stdout).contains(&format!("pod={pod} node={node}")),
+            "port-forward to {pod} on {node}: {}",
+            text(&curl)
+        );
     }
 
     // Pod to pod across the nodes, through the net-forwarders' tunnel between the bubbles.
@@ -134,7 +158,29 @@ spec:
         let (_, other, _, ip) = web.iter().find(|p| p.1 != *node).expect("a web pod on the other node");
         let script = format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {HTTPD_PORT}");
         let got = env.kubectl_ok("demo", &["exec", pod, "--", "sh", "-c", &script]);
-        assert!(got.contains(HTTPD_INDEX.trim()), "{pod} on {node} → {ip} on {other}: {got}");
+        assert!(got.contains(&format!("node={other}")), "{pod} on {node} → {ip} on {other}: {got}");
+    }
+
+    // The ClusterIP Service by its DNS name, from a pod on each node: CoreDNS (a Deployment on
+    // these nodes) resolves it, kube-proxy in the bubble balances it over pods on both nodes.
+    for (pod, node, _, _) in &ticker {
+        let resolv = env.kubectl_ok("demo", &["exec", pod, "--", "cat", "/etc/resolv.conf"]);
+        assert!(resolv.contains("nameserver 10.96.0.10"), "{pod}: {resolv}");
+        let script = "for i in $(seq 1 30); do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 web.default.svc.cluster.local 80 | grep node=; done";
+        let got = env.kubectl_ok("demo", &["exec", pod, "--", "sh", "-c", script]);
+        for other in &web_nodes {
+            assert!(
+                got.contains(&format!("node={other}")),
+                "from {pod} on {node}, no answer from {other}: {got}"
+            );
+        }
+        let script = "nslookup kubernetes.default.svc.cluster.local && printf '' | nc -w 3 kubernetes.default.svc.cluster.local 443 && echo connected";
+        let got = env.kubectl("demo", &["exec", pod, "--", "sh", "-c", script]);
+        let got_text = text(&got);
+        assert!(
+            got_text.contains("10.96.0.1") && got_text.contains("connected"),
+            "{pod}: kubernetes:443: {got_text}"
+        );
     }
 
     let status = env.hpk(&["status", "--name", "demo"]).output().expect("hpk status");
@@ -178,7 +224,10 @@ async fn two_clusters_side_by_side() {
     }
     let left = env.footprint("left");
     let right = env.footprint("right");
-    assert!(left.ports.iter().all(|p| !right.ports.contains(p)), "each cluster its own ports: {left:?} {right:?}");
+    assert!(
+        left.ports.iter().all(|p| !right.ports.contains(p)),
+        "each cluster its own ports: {left:?} {right:?}"
+    );
     let down = env.down("left");
     assert!(down.status.success(), "{}", text(&down));
     assert!(env.leftovers(&left).is_empty(), "{:#?}", env.leftovers(&left));

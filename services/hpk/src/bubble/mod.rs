@@ -84,6 +84,9 @@ pub struct BubbleArgs {
     /// A registry the pod runtime may pull from over plain HTTP (`host:port`; repeatable).
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
+    /// The CoreDNS image the controller deploys.
+    #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
+    pub coredns_image: String,
 }
 
 /// The host side of a bubble, as set up; [`Launched::teardown`] undoes it.
@@ -93,6 +96,9 @@ pub struct Launched {
     crun_root: PathBuf,
     record: PathBuf,
     pid: nix::unistd::Pid,
+    /// The bubble's user namespace (`user:[inode]`): every process of the bubble, pods
+    /// included, lives in it.
+    user_ns: Option<String>,
     slirp: Option<std::process::Child>,
 }
 
@@ -106,19 +112,52 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     cluster::check_label(&args.node, "node name")?;
     // crun refuses hosts with hybrid cgroups unless the v2 hierarchy is hidden, which needs a
     // mount namespace of our own: entered before any thread starts.
-    if let Err(e) = hpk_pod_runtime::engine::enter_private_mount_namespace()
-        && hpk_pod_runtime::engine::CgroupMode::detect() == hpk_pod_runtime::engine::CgroupMode::Hybrid
-    {
-        return Err(Error::Prerequisite {
-            what: format!("this host mounts hybrid cgroups, which crun refuses, and hiding them failed: {e}"),
-            fix: "run on a host with cgroup v2 (unified) or v1 only, or as root".into(),
-        });
+    // An unprivileged user may not make a mount namespace by itself: it first enters a user
+    // namespace of its own where it is root (one ID: itself), and runs crun from there.
+    let mut nested = false;
+    if hpk_pod_runtime::engine::enter_private_mount_namespace().is_err() && !nix::unistd::getuid().is_root() {
+        enter_own_user_namespace()?;
+        nested = true;
+        if let Err(e) = hpk_pod_runtime::engine::enter_private_mount_namespace()
+            && hpk_pod_runtime::engine::CgroupMode::detect() == hpk_pod_runtime::engine::CgroupMode::Hybrid
+        {
+            return Err(Error::Prerequisite {
+                what: format!(
+                    "this host mounts hybrid cgroups, which crun refuses, and hiding them failed: {e}"
+                ),
+                fix: "run on a host with cgroup v2 (unified) or v1 only".into(),
+            });
+        }
     }
+    NESTED.store(nested, std::sync::atomic::Ordering::Relaxed);
     let signals = block_signals()?;
+    // The bubble's first process is forked by crun, which exits: it is reparented to us, so
+    // that we reap it (a zombie still pins the bubble's namespaces) and see it end.
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| Error::io("become", "a child subreaper", e.into()))?;
     let launched = launch(args, &shared)?;
     let outcome = wait(&launched, &signals);
     launched.teardown();
     outcome
+}
+
+/// Whether the launcher runs in a user namespace of its own (see [`run`]): then only one ID
+/// (the user, root there) can be mapped into the bubble.
+static NESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Enters a new user namespace in which this user is root (and the only ID).
+fn enter_own_user_namespace() -> Result<()> {
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(|e| Error::Prerequisite {
+        what: format!("creating a user namespace failed: {e}"),
+        fix: "user namespaces must be allowed for this user (user.max_user_namespaces > 0)".into(),
+    })?;
+    let write =
+        |file: &str, text: String| std::fs::write(file, text).map_err(|e| Error::io("write", file, e));
+    write("/proc/self/setgroups", "deny".into())?;
+    write("/proc/self/uid_map", format!("0 {uid} 1"))?;
+    write("/proc/self/gid_map", format!("0 {gid} 1"))?;
+    Ok(())
 }
 
 /// The signals the launcher waits for, blocked so they queue for `sigtimedwait`.
@@ -173,6 +212,11 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
     // Outbound DNS through slirp4netns' resolver; the node's name is the host's address.
     write("etc/resolv.conf", "nameserver 10.0.2.3\n".into())?;
     write("etc/hosts", format!("127.0.0.1 localhost\n::1 localhost\n{} {}\n", args.address, args.node))?;
+    // The node's identity for the kubelet's nodeInfo (systemd's format: 32 hex digits).
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id)
+        .map_err(|e| Error::io("generate", "a machine ID", std::io::Error::other(e.to_string())))?;
+    write("etc/machine-id", format!("{}\n", hex::encode(id)))?;
 
     let ports: Vec<String> = sockets.iter().map(|(n, _, p)| format!("{n}={p}")).collect();
     let mut init_args = vec![
@@ -186,13 +230,17 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
     ];
     init_args.extend(args.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")));
     init_args.extend(args.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+    init_args.push(format!("--coredns-image={}", args.coredns_image));
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let user =
         nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
+    let nested = NESTED.load(std::sync::atomic::Ordering::Relaxed);
     let subordinate = |file: &str| {
         // Several ranges need newuidmap/newgidmap (the uidmap package); root maps directly.
-        if uid == 0 {
+        if nested {
+            None
+        } else if uid == 0 {
             Some((100_000, 65_536))
         } else if Command::new("newuidmap").arg("--help").output().is_ok() {
             spec::subordinate_range(file, &user, uid)
@@ -265,6 +313,7 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
         crun_root: crun_root.clone(),
         record: record_path.clone(),
         pid: nix::unistd::Pid::from_raw(0),
+        user_ns: None,
         slirp: None,
     };
     let status = create.status().map_err(|e| Error::io("run", "crun create", e))?;
@@ -282,6 +331,8 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
         .and_then(|s| s.trim().parse().ok())
         .ok_or_else(|| Error::Failed { what: "crun create".into(), detail: "wrote no PID file".into() })?;
     partial.pid = nix::unistd::Pid::from_raw(pid);
+    partial.user_ns =
+        std::fs::read_link(format!("/proc/{pid}/ns/user")).ok().map(|l| l.display().to_string());
 
     match start_slirp(pid, &node_dir) {
         Ok(child) => partial.slirp = Some(child),
@@ -394,7 +445,6 @@ fn set_nonblocking(file: &std::fs::File) {
 /// Waits for a stop signal or the bubble's end.
 fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> {
     use nix::sys::signalfd::{SfdFlags, SignalFd};
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     let fd = SignalFd::with_flags(signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| Error::io("create", "a signalfd", e.into()))?;
     loop {
@@ -413,14 +463,7 @@ fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> 
         while let Ok(Some(info)) = fd.read_signal() {
             let signal = nix::sys::signal::Signal::try_from(info.ssi_signo as i32);
             match signal {
-                Ok(nix::sys::signal::Signal::SIGCHLD) => {
-                    // Reap what exited among our own children (slirp4netns, crun leftovers).
-                    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                        if status == WaitStatus::StillAlive {
-                            break;
-                        }
-                    }
-                }
+                Ok(nix::sys::signal::Signal::SIGCHLD) => reap_children(),
                 Ok(signal) => {
                     tracing::info!(%signal, "stopping the bubble");
                     return Ok(0);
@@ -446,6 +489,30 @@ impl Launched {
                 let _ = crun(&self.crun_root).args(["kill", "--all", &self.id, "KILL"]).output();
             }
         }
+        // The bubble's first process is gone, so the kernel is killing the rest of its PID
+        // namespace; wait until no process of the bubble remains (bounded), killing stragglers.
+        if let Some(ns) = &self.user_ns {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let left = processes_in_user_ns(ns);
+                if left.is_empty() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    tracing::warn!(bubble = %self.id, pids = ?left, "processes of the bubble still there: killing them");
+                    for pid in left {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        reap_children();
         let _ = crun(&self.crun_root).args(["delete", "--force", &self.id]).output();
         if let Some(mut slirp) = self.slirp.take() {
             let _ = nix::sys::signal::kill(
@@ -460,6 +527,29 @@ impl Launched {
         }
         tracing::info!(bubble = %self.id, "bubble removed");
     }
+}
+
+/// Reaps every child that has exited (the bubble's first process among them).
+fn reap_children() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// The live processes whose user namespace is `ns` (`user:[inode]`).
+fn processes_in_user_ns(ns: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/ns/user")).is_ok_and(|l| l.display().to_string() == ns)
+                && process_alive(*pid)
+        })
+        .collect()
 }
 
 /// Whether `pid` is a live process (zombies count as gone).

@@ -127,6 +127,7 @@ pub fn config(spec: &BubbleSpec<'_>) -> Value {
             bind(spec.shared_dir, SHARED_DIR, false),
             bind(&spec.node_dir.join("etc/resolv.conf"), "/etc/resolv.conf", true),
             bind(&spec.node_dir.join("etc/hosts"), "/etc/hosts", true),
+            bind(&spec.node_dir.join("etc/machine-id"), "/etc/machine-id", true),
         ],
         "linux": {
             "namespaces": [

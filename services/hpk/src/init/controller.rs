@@ -15,15 +15,12 @@ use kube::api::PostParams;
 
 use super::InitArgs;
 use super::supervisor::{Service, Supervisor};
+use crate::addons::{CLUSTER_CIDR, KUBE_PROXY_USER, KUBERNETES_SERVICE_IP, SERVICE_CIDR};
 use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
 use crate::cluster::write_file;
 use crate::error::{Error, Result};
 use crate::pki::{ClusterPki, write_embedded_kubeconfig, write_kubeconfig};
 
-/// The Service CIDR; its first address is the `kubernetes` Service.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The pod CIDR node podCIDRs are cut from (/24 each).
-pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 const BOUND: Duration = Duration::from_secs(120);
 
 /// Starts the control plane and publishes the shared files.
@@ -39,7 +36,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         &pki_dir,
         &format!("hpk-{}", args.cluster),
         &[IpAddr::V4(args.address)],
-        "10.96.0.1".parse().map_err(|_| Error::Invalid("service IP".into()))?,
+        KUBERNETES_SERVICE_IP.parse().map_err(|_| Error::Invalid("service IP".into()))?,
     )?;
     let local_api = format!("https://127.0.0.1:{api_port}");
 
@@ -97,6 +94,10 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
             format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)),
             format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
             "--allow-privileged=true".into(),
+            // A cluster lives as long as its job: pods of a lost node move after 30 s of it
+            // being NotReady or unreachable, not upstream's 5 minutes (a pod may ask longer).
+            "--default-not-ready-toleration-seconds=30".into(),
+            "--default-unreachable-toleration-seconds=30".into(),
             "--profiling=false".into(),
         ],
     ))?;
@@ -211,7 +212,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
             format!("--shared-dir={SHARED_DIR}"),
             // The API server's in-cluster address; its host address is not listed: every bubble
             // on that host (the controller's own node first) is a node reached at that address.
-            "--apiserver-san=10.96.0.1".into(),
+            format!("--apiserver-san={KUBERNETES_SERVICE_IP}"),
         ],
     ))?;
     wait(sup, "hpk-cert-signer", "hpk-cert-signer's address file", || {
@@ -238,6 +239,17 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     copy(&signer_address, "cert-signer", 0o644)?;
     let public_api = format!("https://{}:{api_port}", args.address);
     write_file(&shared.join("apiserver"), public_api.as_bytes(), 0o644)?;
+    // kube-proxy's identity, for every bubble: like the admin kubeconfig, a client key in a
+    // 0600 file of the user's shared directory (no CA key ever is).
+    let proxy_files = pki.client_cert("kube-proxy", KUBE_PROXY_USER, &[])?;
+    write_embedded_kubeconfig(
+        &shared.join("kube-proxy.kubeconfig"),
+        &format!("hpk-{}", args.cluster),
+        &public_api,
+        &server_ca.cert,
+        "kube-proxy",
+        &proxy_files,
+    )?;
     write_embedded_kubeconfig(
         &shared.join("kubeconfig"),
         &format!("hpk-{}", args.cluster),
@@ -247,6 +259,35 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         &admin_files,
     )?;
     tracing::info!(api = %public_api, "control plane ready");
+    apply_coredns(args, &admin_local).await
+}
+
+/// Cluster DNS: CoreDNS as a Deployment on the cluster's own nodes (`deploy/coredns.yaml`).
+async fn apply_coredns(args: &InitArgs, kubeconfig: &Path) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let manifest = crate::addons::coredns_manifest(&args.coredns_image)?;
+    let mut child = tokio::process::Command::new("/usr/local/bin/kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::io("run", "kubectl apply (CoreDNS)", e))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(manifest.as_bytes())
+            .await
+            .map_err(|e| Error::io("write", "the CoreDNS manifest", e))?;
+    }
+    let out = child.wait_with_output().await.map_err(|e| Error::io("run", "kubectl apply (CoreDNS)", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed {
+            what: "applying CoreDNS".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into(),
+        });
+    }
+    tracing::info!(image = %args.coredns_image, "cluster DNS applied");
     Ok(())
 }
 

@@ -44,6 +44,9 @@ pub struct InitArgs {
     /// Registries the runtime pulls from over plain HTTP.
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
+    /// The CoreDNS image (controller).
+    #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
+    pub coredns_image: String,
     /// Run as the supervisor (the reaper starts it so).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -115,6 +118,7 @@ pub fn reap(args: &InitArgs) -> Result<i32> {
 pub async fn supervise(args: InitArgs) -> Result<i32> {
     let shutdown = tokio_util_shutdown()?;
     relay::start(&args)?;
+    egress_nat().await?;
     let mut sup = supervisor::Supervisor::new(PathBuf::from(crate::bubble::spec::NODE_DIR).join("logs"));
     let result = async {
         if args.role == Role::Controller {
@@ -141,6 +145,35 @@ pub async fn supervise(args: InitArgs) -> Result<i32> {
     tracing::info!("stopping the services");
     sup.stop_all().await;
     Ok(0)
+}
+
+/// Pods reach the world (and the API server at the host's address) through slirp4netns, which
+/// answers only the bubble's own address: traffic from the pod CIDR leaving by `tap0` is
+/// masqueraded to it.
+async fn egress_nat() -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let rules = format!(
+        "table ip hpk-egress {{\n  chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    \
+         oifname \"tap0\" ip saddr {} masquerade\n  }}\n}}\n",
+        crate::addons::CLUSTER_CIDR
+    );
+    let mut child = tokio::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::io("run", "nft (egress NAT)", e))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(rules.as_bytes()).await.map_err(|e| Error::io("write", "nft rules", e))?;
+    }
+    let out = child.wait_with_output().await.map_err(|e| Error::io("run", "nft (egress NAT)", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed {
+            what: "the pods' egress NAT (nft)".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into(),
+        });
+    }
+    Ok(())
 }
 
 /// A notification fired on the first SIGTERM, SIGINT or SIGHUP.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::InitArgs;
 use super::controller::wait;
 use super::supervisor::{Service, Supervisor};
+use crate::addons::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, kube_proxy_args};
 use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
 use crate::error::{Error, Result};
 use crate::pki::{CertFiles, write_kubeconfig};
@@ -93,16 +94,14 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     // kubelet to register it; the kubelet reports the node NotReady until then.
 
     let cri_socket = "/run/hpk/cri.sock";
-    sup.start(Service::new(
-        "hpk-pod-runtime",
-        "/usr/local/bin/hpk-pod-runtime",
-        vec![
-            format!("--socket={cri_socket}"),
-            format!("--root={}", p(&node_dir.join("runtime"))),
-            "--pause-binary=/usr/local/bin/hpk-pause".into(),
-            format!("--net-forwarder-socket={nf_socket}"),
-        ],
-    ))?;
+    let mut runtime = vec![
+        format!("--socket={cri_socket}"),
+        format!("--root={}", p(&node_dir.join("runtime"))),
+        "--pause-binary=/usr/local/bin/hpk-pause".into(),
+        format!("--net-forwarder-socket={nf_socket}"),
+    ];
+    runtime.extend(args.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+    sup.start(Service::new("hpk-pod-runtime", "/usr/local/bin/hpk-pod-runtime", runtime))?;
     wait(
         sup,
         "hpk-pod-runtime",
@@ -125,9 +124,20 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--cert-signer-ca={}", p(&shared.join("ca.crt"))),
         format!("--node-token-file={}", p(&shared.join("node-token"))),
         format!("--client-ca-file={}", p(&shared.join("client-ca.crt"))),
+        format!("--cluster-dns={CLUSTER_DNS_IP}"),
+        format!("--cluster-domain={CLUSTER_DOMAIN}"),
     ];
     kubelet.extend(args.kubelet_args.iter().cloned());
     sup.start(Service::new("hpk-kubelet", "/usr/local/bin/hpk-kubelet", kubelet))?;
+
+    // ClusterIP Services: the node's pods are routed through the bubble, where kube-proxy's
+    // rules apply. It syncs once the kubelet has registered the Node.
+    let proxy_kubeconfig = shared.join("kube-proxy.kubeconfig");
+    sup.start(Service::new(
+        "kube-proxy",
+        "/usr/local/bin/kube-proxy",
+        kube_proxy_args(&args.node, args.address, &proxy_kubeconfig),
+    ))?;
     Ok(())
 }
 

@@ -14,9 +14,9 @@ use hpk_integration::registry::{Client, Registry};
 
 /// The bubble image the tests run (`make images` builds it).
 pub fn image() -> Option<PathBuf> {
-    let path = std::env::var_os("HPK_IMAGE").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/images/hpk-bubble")
-    });
+    let path = std::env::var_os("HPK_IMAGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/images/hpk-bubble"));
     if path.join("index.json").is_file() {
         return Some(path);
     }
@@ -28,14 +28,25 @@ pub fn image() -> Option<PathBuf> {
 
 /// Whether the tools the tests use are present (else the test prints why and returns).
 pub fn prerequisites() -> Option<PathBuf> {
-    if !hpk_integration::tools_present(&["crun", "slirp4netns", "docker-registry", "ip", "nsenter", "curl", "ss"]) {
+    if !hpk_integration::tools_present(&[
+        "crun",
+        "slirp4netns",
+        "docker-registry",
+        "ip",
+        "nsenter",
+        "curl",
+        "ss",
+    ]) {
         return None;
     }
+    hpk_integration::skip_unless_available(hpk_integration::clusterdns::coredns_binary())?;
     image()
 }
 
 pub struct Env {
     pub clusters: std::sync::Mutex<Vec<String>>,
+    /// CoreDNS, built from the static binary scripts/setup.sh makes, in the registry.
+    pub coredns: String,
     pub registry: Registry,
     pub shell: String,
     pub httpd: String,
@@ -53,13 +64,25 @@ impl Env {
         let host = network.host("host").cloned().expect("host");
         let registry = Registry::start(IpAddr::V4(host.ip), Some(&host.netns)).await.expect("registry");
         let client = Client::new(&registry.url()).expect("registry client");
-        client.push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image")).await.expect("push");
-        client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image")).await.expect("push");
+        client
+            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
+            .await
+            .expect("push");
+        client
+            .push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image"))
+            .await
+            .expect("push");
+        let coredns_binary =
+            hpk_integration::clusterdns::coredns_binary().expect("coredns (scripts/setup.sh)");
+        let coredns_image = hpk_integration::image::static_binary_image_from(&coredns_binary).expect("image");
+        client.push("hpk/coredns", "v1", &coredns_image).await.expect("push coredns");
+        let coredns = format!("{}/hpk/coredns:v1", registry.host_port());
         let shell = format!("{}/hpk/shell:v1", registry.host_port());
         let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
         Self {
             clusters: std::sync::Mutex::new(Vec::new()),
+            coredns,
             registry,
             shell,
             httpd,
@@ -91,12 +114,20 @@ impl Env {
     pub fn up(&self, name: &str, nodes: u16) -> Output {
         self.clusters.lock().expect("lock").push(name.to_owned());
         let registry = format!("--insecure-registry={}", self.registry.host_port());
+        let coredns = format!("--coredns-image={}", self.coredns);
         let n = nodes.to_string();
-        let out = self
-            .hpk(&["up", "--name", name, "--nodes", &n, &registry, "--kubelet-arg=--disk-pressure-percent=1"])
-            .output()
-            .expect("run hpk up");
-        out
+        self.hpk(&[
+            "up",
+            "--name",
+            name,
+            "--nodes",
+            &n,
+            &registry,
+            &coredns,
+            "--kubelet-arg=--disk-pressure-percent=1",
+        ])
+        .output()
+        .expect("run hpk up")
     }
 
     pub fn kubeconfig(&self, name: &str) -> PathBuf {
@@ -145,7 +176,11 @@ impl Env {
                 let path = node.path().join("logs").join(log);
                 let body = std::fs::read_to_string(&path).unwrap_or_default();
                 let lines: Vec<&str> = body.lines().collect();
-                out.push_str(&format!("--- {}:\n{}\n", path.display(), lines[lines.len().saturating_sub(15)..].join("\n")));
+                out.push_str(&format!(
+                    "--- {}:\n{}\n",
+                    path.display(),
+                    lines[lines.len().saturating_sub(15)..].join("\n")
+                ));
             }
         }
         out
@@ -161,21 +196,55 @@ impl Env {
     pub fn footprint(&self, name: &str) -> Footprint {
         let state = self.state.path().join(name);
         let home = self.home.path().join(name);
+        // The launchers and bubble-inits name the cluster; everything in a bubble (services,
+        // pods) lives in the bubble's user namespace; slirp4netns names the bubble's PID.
+        let needles = [state.display().to_string(), format!("--cluster={name}")];
+        let all: Vec<(u32, String, Option<String>)> = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .map(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let user =
+                    std::fs::read_link(format!("/proc/{pid}/ns/user")).ok().map(|l| l.display().to_string());
+                (pid, String::from_utf8_lossy(&cmdline).replace('\0', " "), user)
+            })
+            .collect();
+        let own_user = std::fs::read_link("/proc/self/ns/user").ok().map(|l| l.display().to_string());
+        let named: Vec<&(u32, String, Option<String>)> =
+            all.iter().filter(|(_, c, _)| needles.iter().any(|n| c.contains(n.as_str()))).collect();
+        let bubble_users: std::collections::BTreeSet<String> =
+            named.iter().filter_map(|(_, _, u)| u.clone()).filter(|u| Some(u) != own_user.as_ref()).collect();
+        let bubble_pids: Vec<u32> = named
+            .iter()
+            .filter(|(_, _, u)| u.as_ref().is_some_and(|u| bubble_users.contains(u)))
+            .map(|(p, _, _)| *p)
+            .collect();
         let mut pids = Vec::new();
         let mut namespaces = Vec::new();
-        let needles = [state.display().to_string(), format!("--cluster={name}")];
-        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if needles.iter().any(|n| cmdline.contains(n.as_str())) {
-                pids.push(pid);
+        for (pid, cmdline, user) in &all {
+            let ours = needles.iter().any(|n| cmdline.contains(n.as_str()))
+                || user.as_ref().is_some_and(|u| bubble_users.contains(u))
+                || bubble_pids.iter().any(|b| cmdline.contains(&format!("/proc/{b}/ns/")));
+            if ours {
+                pids.push(*pid);
                 for ns in ["user", "net", "mnt"] {
                     if let Ok(link) = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")) {
                         namespaces.push(link.display().to_string());
                     }
                 }
             }
+        }
+        // The test's own namespaces are not the cluster's.
+        for own in ["user", "net", "mnt"] {
+            if let Ok(link) = std::fs::read_link(format!("/proc/self/ns/{own}")) {
+                namespaces.retain(|n| *n != link.display().to_string());
+            }
+        }
+        // Nor is the test host's network namespace, where the launchers run.
+        if let Ok(host_ns) = std::fs::metadata(format!("/run/netns/{}", self.host.netns)) {
+            use std::os::unix::fs::MetadataExt;
+            namespaces.retain(|n| *n != format!("net:[{}]", host_ns.ino()));
         }
         namespaces.sort();
         namespaces.dedup();
@@ -204,25 +273,33 @@ impl Env {
         let mut left = Vec::new();
         for pid in &before.pids {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned));
+            let state =
+                stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next().map(str::to_owned));
             if state.as_deref().is_some_and(|s| s != "Z" && s != "X") {
                 left.push(format!("process {pid} alive: {stat}"));
             }
         }
-        let mut held = std::collections::BTreeSet::new();
+        let mut held: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
         for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
             if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
                 continue;
             }
             for ns in ["user", "net", "mnt"] {
                 if let Ok(link) = std::fs::read_link(entry.path().join("ns").join(ns)) {
-                    held.insert(link.display().to_string());
+                    let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                    let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+                    let state = status.lines().find(|l| l.starts_with("State:")).unwrap_or("").to_owned();
+                    held.entry(link.display().to_string()).or_default().push(format!(
+                        "{} {} ({state})",
+                        entry.file_name().to_string_lossy(),
+                        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                    ));
                 }
             }
         }
         for ns in &before.namespaces {
-            if held.contains(ns) {
-                left.push(format!("namespace {ns} still held"));
+            if let Some(holders) = held.get(ns) {
+                left.push(format!("namespace {ns} still held by {holders:?}"));
             }
         }
         let ss = Command::new("ip")
@@ -231,7 +308,10 @@ impl Env {
             .expect("ss");
         let listening = String::from_utf8_lossy(&ss.stdout).into_owned();
         for port in &before.ports {
-            if listening.lines().any(|l| l.split_whitespace().nth(4).is_some_and(|a| a.ends_with(&format!(":{port}")))) {
+            if listening
+                .lines()
+                .any(|l| l.split_whitespace().nth(4).is_some_and(|a| a.ends_with(&format!(":{port}"))))
+            {
                 left.push(format!("port {port} still bound"));
             }
         }
@@ -260,7 +340,8 @@ pub struct Footprint {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let clusters = std::mem::take(&mut *self.clusters.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let clusters =
+            std::mem::take(&mut *self.clusters.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         for name in clusters {
             let out = self.hpk(&["down", "--name", &name]).output();
             if let Ok(out) = out

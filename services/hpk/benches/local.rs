@@ -1,0 +1,124 @@
+//! `hpk up` and `hpk down` as a user meets them, on a test host with the image built:
+//! - `hpk up --nodes 2` to every node Ready (goal < 30 s) and to cluster DNS ready, as `up`
+//!   itself reports them, and its wall time;
+//! - `hpk down` wall time;
+//! - the idle resident memory of each service in a bubble, 20 s after `up` returned.
+//!
+//! Run (as root, after `cargo build --workspace --bins && make images`):
+//! `cargo bench -p hpk --bench local`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::{Env, prerequisites, text};
+
+const RUNS: usize = 3;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
+    runtime.block_on(run());
+}
+
+/// The seconds `up` printed after `label` ("node(s) Ready in", "cluster DNS in").
+fn reported(output: &str, label: &str) -> f64 {
+    output
+        .split(label)
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// VmRSS in KiB of each process of the cluster's bubbles, by program name.
+fn rss_by_program(name: &str) -> BTreeMap<String, Vec<u64>> {
+    let needle = format!("--cluster={name} ");
+    let mut users = std::collections::BTreeSet::new();
+    let procs: Vec<(u32, String, String)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
+                .replace('\0', " ");
+            let user = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?.display().to_string();
+            Some((pid, cmdline, user))
+        })
+        .collect();
+    for (_, cmdline, user) in &procs {
+        if cmdline.contains("bubble-init") && cmdline.contains(&needle) {
+            users.insert(user.clone());
+        }
+    }
+    let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (pid, cmdline, user) in procs {
+        if !users.contains(&user) {
+            continue;
+        }
+        let program =
+            cmdline.split_whitespace().next().unwrap_or("").rsplit('/').next().unwrap_or("").to_owned();
+        let program = if cmdline.contains("--supervise") {
+            "hpk bubble-init (supervisor)".into()
+        } else if program == "hpk" {
+            "hpk bubble-init (reaper)".into()
+        } else {
+            program
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if let Some(kib) = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        {
+            out.entry(program).or_default().push(kib);
+        }
+    }
+    out
+}
+
+async fn run() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let mut rows = Vec::new();
+    let mut memory = BTreeMap::new();
+    for run in 1..=RUNS {
+        let name = format!("bench{run}");
+        let started = Instant::now();
+        let up = env.up(&name, 2);
+        let wall = started.elapsed();
+        let output = text(&up);
+        assert!(up.status.success(), "hpk up: {output}");
+        let (ready, dns) = (reported(&output, "node(s) Ready in "), reported(&output, "cluster DNS in "));
+        if run == 1 {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            memory = rss_by_program(&name);
+        }
+        let started = Instant::now();
+        let down = env.down(&name);
+        assert!(down.status.success(), "hpk down: {}", text(&down));
+        let down_wall = started.elapsed();
+        println!(
+            "run {run}: nodes Ready {ready:.1} s, DNS ready {dns:.1} s, up wall {:.1} s, down {:.1} s",
+            wall.as_secs_f64(),
+            down_wall.as_secs_f64()
+        );
+        rows.push((ready, dns, wall.as_secs_f64(), down_wall.as_secs_f64()));
+    }
+    let median = |f: fn(&(f64, f64, f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("\n| what (2 nodes, median of {RUNS}) | seconds |\n|---|---|");
+    println!("| `hpk up` → every node Ready (goal < 30 s) | {:.1} |", median(|r| r.0));
+    println!("| `hpk up` → cluster DNS ready (CoreDNS 2/2) | {:.1} |", median(|r| r.1));
+    println!("| `hpk up` wall time (image unpacked and cached) | {:.1} |", median(|r| r.2));
+    println!("| `hpk down` wall time | {:.1} |", median(|r| r.3));
+    println!("\n| process (first run, idle 20 s, both bubbles) | RSS MiB each |\n|---|---|");
+    for (program, kib) in &memory {
+        let each: Vec<String> = kib.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();
+        println!("| {program} | {} |", each.join(", "));
+    }
+}

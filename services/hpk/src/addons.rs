@@ -1,0 +1,97 @@
+//! What every HPK cluster runs besides our services, shared by the bubbles and the test
+//! harness so that the two cannot drift apart: the cluster's address ranges, upstream
+//! kube-proxy's flags (nftables mode), and the CoreDNS manifest (`deploy/coredns.yaml`).
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// The Service CIDR; its first address is the `kubernetes` Service.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The pod CIDR node podCIDRs are cut from (/24 each).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The `kubernetes` Service's address.
+pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The cluster DNS Service's address (the kubelets' `--cluster-dns`).
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
+/// The cluster domain (the kubelets' `--cluster-domain`).
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// kube-proxy's health endpoint on the node's loopback (200 once its rules are synced).
+pub const KUBE_PROXY_HEALTHZ: &str = "127.0.0.1:10256";
+/// kube-proxy's metrics on the node's loopback.
+pub const KUBE_PROXY_METRICS: &str = "127.0.0.1:10249";
+/// The identity kube-proxy authenticates as; the API server's bootstrap policy binds it to
+/// ClusterRole `system:node-proxier`.
+pub const KUBE_PROXY_USER: &str = "system:kube-proxy";
+
+/// The flags for kube-proxy on node `node` (address `node_ip`) with `kubeconfig`: nftables
+/// mode (Debian 12's nft 1.0.6 works: kube-proxy writes base-chain priorities as numbers), the
+/// pod CIDR, health and metrics on loopback only, and no conntrack sysctls (global, or not
+/// writable in a network namespace and a rootless bubble).
+pub fn kube_proxy_args(node: &str, node_ip: Ipv4Addr, kubeconfig: &Path) -> Vec<String> {
+    vec![
+        "--proxy-mode=nftables".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={node}"),
+        // Its idea of the node's primary address (NodePorts), not a listener.
+        format!("--bind-address={node_ip}"),
+        format!("--cluster-cidr={CLUSTER_CIDR}"),
+        format!("--healthz-bind-address={KUBE_PROXY_HEALTHZ}"),
+        format!("--metrics-bind-address={KUBE_PROXY_METRICS}"),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-min=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+        "--profiling=false".into(),
+    ]
+}
+
+/// The CoreDNS image a cluster runs unless told otherwise (pulled by the nodes, through each
+/// bubble's egress); `hpk up --coredns-image` names another, e.g. in a local registry.
+pub const DEFAULT_COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.12.1";
+
+/// The CoreDNS manifest template (ServiceAccount, RBAC, Corefile, Deployment, Service
+/// `kube-dns`).
+pub const COREDNS_MANIFEST: &str = include_str!("../../../deploy/coredns.yaml");
+
+/// The CoreDNS manifest for `image` with this cluster's addresses; an error names a
+/// placeholder left unfilled.
+pub fn coredns_manifest(image: &str) -> Result<String> {
+    let text = COREDNS_MANIFEST
+        .replace("${COREDNS_IMAGE}", image)
+        .replace("${CLUSTER_DNS_IP}", CLUSTER_DNS_IP)
+        .replace("${CLUSTER_DOMAIN}", CLUSTER_DOMAIN)
+        .replace("${KUBERNETES_SERVICE_IP}", KUBERNETES_SERVICE_IP);
+    match text.find("${") {
+        Some(at) => Err(Error::Invalid(format!(
+            "deploy/coredns.yaml has a placeholder without a value: {}}}",
+            text[at..].split('}').next().unwrap_or("${")
+        ))),
+        None => Ok(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled() {
+        let text = coredns_manifest("registry:5000/hpk/coredns:x").expect("manifest");
+        assert!(text.contains("image: registry:5000/hpk/coredns:x"), "{text}");
+        assert!(text.contains(CLUSTER_DNS_IP) && text.contains(CLUSTER_DOMAIN), "{text}");
+        assert!(!text.contains("${"), "{text}");
+    }
+
+    #[test]
+    fn kube_proxy_listens_on_loopback_only() {
+        let args = kube_proxy_args("n1", Ipv4Addr::new(10, 0, 0, 1), Path::new("/k"));
+        for listener in args.iter().filter(|a| a.contains("bind-address") && !a.starts_with("--bind-address"))
+        {
+            assert!(listener.contains("=127.0.0.1:"), "{listener}");
+        }
+        assert!(args.contains(&"--proxy-mode=nftables".to_owned()));
+    }
+}
