@@ -355,6 +355,12 @@ fn down_cluster(shared: &Shared, verbose: bool) -> Result<()> {
         );
     }
     reap_children();
+    // An exited launcher whose parent is gone waits to be reaped by init, and until then still
+    // pins its namespaces: done means gone from /proc (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // What a killed launcher could not remove: its bubble (crun state in the node directory).
     let state = cluster::state_base().join(&shared.name);
     if let Ok(entries) = std::fs::read_dir(&state) {

@@ -341,3 +341,96 @@ async fn up_refuses_a_machine_it_cannot_use_and_cleans_up() {
     assert!(text(&out).contains("ip_local_port_range"), "{}", text(&out));
     nothing_left("bad");
 }
+
+/// The whole cluster as an unprivileged user (`nobody`): every process of it runs under that
+/// user's ID on the host, pods pull and run, and `down` removes everything.
+#[tokio::test(flavor = "multi_thread")]
+async fn rootless_as_an_unprivileged_user() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image.clone()).await;
+    const NOBODY: u32 = 65534;
+    // Directories the user owns (the Env's are root's, 0700).
+    let base = tempfile::Builder::new().prefix("hpk-nobody-").tempdir().expect("tempdir");
+    std::fs::set_permissions(base.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let (home, state) = (base.path().join("home"), base.path().join("state"));
+    for dir in [&home, &state] {
+        std::fs::create_dir(dir).expect("mkdir");
+        nix::unistd::chown(
+            dir,
+            Some(nix::unistd::Uid::from_raw(NOBODY)),
+            Some(nix::unistd::Gid::from_raw(NOBODY)),
+        )
+        .expect("chown");
+    }
+    let hpk = |args: &[&str]| {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", env.host.netns))
+            .args(["--", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_hpk"))
+            .args(args)
+            .env("HOME", &home)
+            .env("HPK_HOME", &home)
+            .env("HPK_STATE_DIR", &state)
+            .env("HPK_IMAGE", &image);
+        cmd.output().expect("hpk as nobody")
+    };
+    let registry = format!("--insecure-registry={}", env.registry.host_port());
+    let coredns = format!("--coredns-image={}", env.coredns);
+    let up = hpk(&["up", "--name", "solo", &registry, &coredns, "--kubelet-arg=--disk-pressure-percent=1"]);
+    let kubeconfig = home.join("solo/kubeconfig");
+    let kubectl = |args: &[&str]| {
+        Command::new(&env.kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args)
+            .output()
+            .expect("kubectl")
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(up.status.success(), "hpk up as nobody: {}", text(&up));
+        assert_eq!(std::fs::metadata(&kubeconfig).expect("kubeconfig").mode() & 0o777, 0o600);
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n  - {{name: c, image: {}, command: [sleep, '3600']}}\n",
+            env.shell
+        );
+        let mut apply = Command::new(&env.kubectl)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("kubectl apply");
+        std::io::Write::write_all(&mut apply.stdin.take().expect("stdin"), pod.as_bytes()).expect("write");
+        assert!(apply.wait().expect("wait").success());
+        eventually("pod p Running", Duration::from_secs(120), || {
+            let out = kubectl(&["get", "pod", "p", "-o", "jsonpath={.status.phase}"]);
+            (String::from_utf8_lossy(&out.stdout) == "Running").then_some(())
+        });
+        // Every process of the cluster (launcher, bubble, services, the pod) is the user's.
+        let footprint = env.footprint_in(&state, &home, "solo");
+        assert!(footprint.pids.len() >= 10, "{footprint:?}");
+        for pid in &footprint.pids {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("");
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            assert!(
+                status.is_empty() || uid.split_whitespace().skip(1).all(|u| u == "65534"),
+                "process {pid} ({}) runs as {uid}",
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            );
+        }
+        let sleep = kubectl(&["exec", "p", "--", "id", "-u"]);
+        assert_eq!(
+            String::from_utf8_lossy(&sleep.stdout).trim(),
+            "0",
+            "root inside the pod only: {}",
+            text(&sleep)
+        );
+        footprint
+    }));
+    let down = hpk(&["down", "--name", "solo"]);
+    let footprint = result.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(down.status.success(), "{}", text(&down));
+    let left = env.leftovers(&footprint);
+    assert!(left.is_empty(), "{left:#?}");
+}

@@ -194,8 +194,13 @@ impl Env {
 
     /// Everything of cluster `name` a clean `down` must remove, as seen now.
     pub fn footprint(&self, name: &str) -> Footprint {
-        let state = self.state.path().join(name);
-        let home = self.home.path().join(name);
+        self.footprint_in(self.state.path(), self.home.path(), name)
+    }
+
+    /// [`Self::footprint`] for a cluster with other state and home directories.
+    pub fn footprint_in(&self, state_base: &Path, home_base: &Path, name: &str) -> Footprint {
+        let state = state_base.join(name);
+        let home = home_base.join(name);
         // The launchers and bubble-inits name the cluster; everything in a bubble (services,
         // pods) lives in the bubble's user namespace; slirp4netns names the bubble's PID.
         let needles = [state.display().to_string(), format!("--cluster={name}")];
