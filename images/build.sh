@@ -202,6 +202,8 @@ fill_hpk_binaries() {
   for name in "${OPTIONAL_BINARIES[@]}"; do
     [ -x "$bin_dir/$name" ] && install_binary "$bin_dir/$name" "$dir/usr/local/bin/$name"
   done
+  # `hpktainer run IMAGE` inside a bubble is `hpk tainer run IMAGE` (the original's name).
+  if [ -x "$dir/usr/local/bin/hpk" ]; then ln -s hpk "$dir/usr/local/bin/hpktainer"; fi
   return 0
 }
 

@@ -12,5 +12,7 @@ pub mod init;
 pub mod local;
 pub mod pki;
 pub mod preflight;
+pub mod shell;
+pub mod tainer;
 
 pub use error::{Error, Result};

@@ -17,6 +17,11 @@ enum Cmd {
     Down(hpk::local::NameArgs),
     /// Show a cluster's nodes, endpoints and pod counts.
     Status(hpk::local::NameArgs),
+    /// A shell (or a command after --) inside a node's bubble.
+    Shell(hpk::shell::ShellArgs),
+    /// Inside a bubble: ad-hoc containers with a pod address (also installed as `hpktainer`).
+    #[command(subcommand)]
+    Tainer(hpk::tainer::TainerCmd),
     /// Run one bubble in the foreground until SIGTERM (what hpk up and hpk.slurm start).
     Bubble(hpk::bubble::BubbleArgs),
     /// The bubble's first process (started by `hpk bubble` inside the bubble).
@@ -24,8 +29,23 @@ enum Cmd {
     BubbleInit(hpk::init::InitArgs),
 }
 
+/// `hpktainer …` is `hpk tainer …` (the name users of the original type inside a bubble).
+#[derive(Parser)]
+#[command(name = "hpktainer", version, about = "Ad-hoc containers with a pod address, inside an HPK bubble")]
+struct Tainer {
+    #[command(subcommand)]
+    command: hpk::tainer::TainerCmd,
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let invoked_as = std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()));
+    let cli = if invoked_as.as_deref() == Some("hpktainer") {
+        Cli { command: Cmd::Tainer(Tainer::parse().command) }
+    } else {
+        Cli::parse()
+    };
     hpk_rpc::telemetry::init(hpk_rpc::telemetry::LogFormat::Plain);
     let result = match cli.command {
         // Before any thread: the launcher enters a mount namespace, the reaper blocks signals.
@@ -35,6 +55,10 @@ fn main() {
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(hpk::local::up(&args))).map(|()| 0),
         Cmd::Down(args) => hpk::local::down(&args).map(|()| 0),
         Cmd::Status(args) => runtime().and_then(|rt| rt.block_on(hpk::local::status(&args))).map(|()| 0),
+        Cmd::Shell(args) => hpk::shell::run(&args),
+        Cmd::Tainer(hpk::tainer::TainerCmd::Run(args)) => {
+            runtime().and_then(|rt| rt.block_on(hpk::tainer::run(&args)))
+        }
     };
     match result {
         Ok(code) => std::process::exit(code),

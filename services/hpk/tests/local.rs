@@ -161,6 +161,49 @@ spec:
         assert!(got.contains(&format!("node={other}")), "{pod} on {node} → {ip} on {other}: {got}");
     }
 
+    // Inside a bubble by hand: `hpk shell`, and `hpktainer run` there with a pod address that
+    // reaches a pod on the other node, released when it exits.
+    let shell =
+        env.hpk(&["shell", "--name", "demo", "demo-1", "--", "hostname"]).output().expect("hpk shell");
+    assert_eq!(String::from_utf8_lossy(&shell.stdout).trim(), "demo-1", "{}", text(&shell));
+    let (_, _, _, remote_ip) = web.iter().find(|p| p.1 == "demo-2").expect("a web pod on demo-2");
+    let script = format!("ip -4 addr show eth0; ping -c 1 -W 5 {remote_ip}");
+    let tainer = env
+        .hpk(&[
+            "shell",
+            "--name",
+            "demo",
+            "demo-1",
+            "--",
+            "hpktainer",
+            "run",
+            &env.shell,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .expect("hpktainer run");
+    let tainer_text = text(&tainer);
+    assert!(tainer.status.success(), "hpktainer run: {tainer_text}");
+    let address = tainer_text
+        .split("with address ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {tainer_text}"))
+        .to_owned();
+    assert!(address.starts_with("10.244."), "{tainer_text}");
+    assert!(tainer_text.contains(&format!("inet {address}/")), "ip addr inside shows it: {tainer_text}");
+    assert!(tainer_text.contains("1 packets received"), "the ping across nodes: {tainer_text}");
+    let allocations = env.state.path().join("demo/demo-1/net-forwarder/allocations.json");
+    let allocated = std::fs::read_to_string(&allocations).expect("the net-forwarder's allocations");
+    assert!(!allocated.contains(&format!("\"{address}\"")), "{address} released: {allocated}");
+    let sandboxes = env
+        .hpk(&["shell", "--name", "demo", "demo-1", "--", "ls", "/var/lib/hpk/hpktainer"])
+        .output()
+        .expect("ls");
+    assert!(String::from_utf8_lossy(&sandboxes.stdout).trim().is_empty(), "{}", text(&sandboxes));
+
     // The ClusterIP Service by its DNS name, from a pod on each node: CoreDNS (a Deployment on
     // these nodes) resolves it, kube-proxy in the bubble balances it over pods on both nodes.
     for (pod, node, _, _) in &ticker {

@@ -156,6 +156,9 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// The label of sandboxes `hpktainer run` makes (the `hpk` crate's `tainer::LABEL`).
+const HPKTAINER_LABEL: &str = "hpk.io/hpktainer";
+
 /// Sandboxes and containers the runtime has, by pod UID.
 async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, tonic::Status> {
     let mut runtime = ctx.cri.runtime.clone();
@@ -166,6 +169,10 @@ async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, tonic::
     let mut by_uid: HashMap<String, Adopted> = HashMap::new();
     let mut uid_of_sandbox = HashMap::new();
     for sandbox in sandboxes {
+        // Ad-hoc containers a user started in the bubble (`hpktainer run`) are not pods.
+        if sandbox.labels.contains_key(HPKTAINER_LABEL) {
+            continue;
+        }
         let uid = sandbox.metadata.as_ref().map(|m| m.uid.clone()).unwrap_or_default();
         uid_of_sandbox.insert(sandbox.id.clone(), uid.clone());
         by_uid.entry(uid).or_default().sandboxes.push(sandbox);
