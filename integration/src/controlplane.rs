@@ -125,39 +125,10 @@ impl ControlPlane {
             ],
         )?;
 
-        let pki = &self.pki;
-        let apiserver_args = vec![
-            "--etcd-servers=http://127.0.0.1:2379".into(),
-            format!("--bind-address={ip}"),
-            format!("--advertise-address={ip}"),
-            format!("--secure-port={API_PORT}"),
-            format!("--cert-dir={}", p(&d.join("apiserver"))),
-            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
-            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
-            format!("--client-ca-file={}", p(&pki.client_ca().cert)),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-account-key-file={}", p(&pki.service_account_pub)),
-            format!("--service-account-signing-key-file={}", p(&pki.service_account_key)),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            format!("--kubelet-client-certificate={}", p(&pki.apiserver_kubelet_client.cert)),
-            format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
-            format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
-            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
-            // The aggregation layer (metrics-server behind metrics.k8s.io): requests proxied
-            // with the front-proxy client certificate, straight to the endpoints (no kube-proxy).
-            format!("--requestheader-client-ca-file={}", p(&pki.request_header_ca.cert)),
-            "--requestheader-allowed-names=front-proxy-client".into(),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)),
-            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
-            "--enable-aggregator-routing=true".into(),
-            "--allow-privileged=true".into(),
-            "--profiling=false".into(),
-        ];
+        let mut apiserver_args =
+            hpk::controlplane::apiserver_args(&self.pki, &d.join("apiserver"), &ip, &ip, API_PORT);
+        // Straight to an aggregated API's endpoints: the control-plane host runs no kube-proxy.
+        apiserver_args.push("--enable-aggregator-routing=true".into());
         self.spawn("kube-apiserver", &apiserver_args)?;
         let admin = self.admin_client().await?;
         self.wait_ready("kube-apiserver /readyz", || {
@@ -175,48 +146,19 @@ impl ControlPlane {
             "controller-manager",
             &cm,
         )?;
-        let (server_ca, client_ca) = (self.pki.server_ca().clone(), self.pki.client_ca().clone());
-        let cm_args = vec![
-            format!("--kubeconfig={}", p(&cm_kubeconfig)),
-            format!("--authentication-kubeconfig={}", p(&cm_kubeconfig)),
-            format!("--authorization-kubeconfig={}", p(&cm_kubeconfig)),
-            format!("--bind-address={ip}"),
-            "--secure-port=10257".into(),
-            format!("--cert-dir={}", p(&d.join("controller-manager"))),
-            format!("--service-account-private-key-file={}", p(&self.pki.service_account_key)),
-            format!("--root-ca-file={}", p(&server_ca.cert)),
-            "--use-service-account-credentials=true".into(),
-            "--allocate-node-cidrs=true".into(),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--node-cidr-mask-size=24".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            format!("--cluster-signing-kubelet-serving-cert-file={}", p(&server_ca.cert)),
-            format!("--cluster-signing-kubelet-serving-key-file={}", p(&server_ca.key)),
-            format!("--cluster-signing-kubelet-client-cert-file={}", p(&client_ca.cert)),
-            format!("--cluster-signing-kubelet-client-key-file={}", p(&client_ca.key)),
-            format!("--cluster-signing-kube-apiserver-client-cert-file={}", p(&client_ca.cert)),
-            format!("--cluster-signing-kube-apiserver-client-key-file={}", p(&client_ca.key)),
-            // A node whose Lease stops renewing turns Unknown after 20 s instead of 50 s, so
-            // the kubelet's crash test waits less; the Lease is renewed every 10 s.
-            "--node-monitor-grace-period=20s".into(),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-        ];
+        let server_ca = self.pki.server_ca().clone();
+        let cm_args = hpk::controlplane::controller_manager_args(
+            &self.pki,
+            &cm_kubeconfig,
+            &d.join("controller-manager"),
+            &ip,
+        );
         self.spawn("kube-controller-manager", &cm_args)?;
 
         let sched_kubeconfig = d.join("scheduler.kubeconfig");
         let sched = self.pki.client_cert("scheduler", "system:kube-scheduler", &[])?;
         write_kubeconfig(&sched_kubeconfig, &self.api_url, &server_ca.cert, "scheduler", &sched)?;
-        let sched_args = vec![
-            format!("--kubeconfig={}", p(&sched_kubeconfig)),
-            format!("--authentication-kubeconfig={}", p(&sched_kubeconfig)),
-            format!("--authorization-kubeconfig={}", p(&sched_kubeconfig)),
-            format!("--bind-address={ip}"),
-            "--secure-port=10259".into(),
-            format!("--cert-dir={}", p(&d.join("scheduler"))),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-        ];
+        let sched_args = hpk::controlplane::scheduler_args(&sched_kubeconfig, &d.join("scheduler"), &ip);
         self.spawn("kube-scheduler", &sched_args)?;
 
         for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)]

@@ -13,7 +13,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use support::{Env, prerequisites, text};
+use support::{Env, bubble_processes, prerequisites, text};
 
 const RUNS: usize = 3;
 
@@ -32,47 +32,27 @@ fn reported(output: &str, label: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// VmRSS in KiB of each process of the cluster's bubbles, by program name.
+/// VmRSS in KiB of each process of the cluster's bubbles (nodes `NAME-1`, `NAME-2`), by
+/// program name.
 fn rss_by_program(name: &str) -> BTreeMap<String, Vec<u64>> {
-    let needle = format!("--cluster={name} ");
-    let mut users = std::collections::BTreeSet::new();
-    let procs: Vec<(u32, String, String)> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
-                .replace('\0', " ");
-            let user = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?.display().to_string();
-            Some((pid, cmdline, user))
-        })
-        .collect();
-    for (_, cmdline, user) in &procs {
-        if cmdline.contains("bubble-init") && cmdline.contains(&needle) {
-            users.insert(user.clone());
-        }
-    }
     let mut out: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (pid, cmdline, user) in procs {
-        if !users.contains(&user) {
-            continue;
-        }
-        let program =
-            cmdline.split_whitespace().next().unwrap_or("").rsplit('/').next().unwrap_or("").to_owned();
-        let program = if cmdline.contains("--supervise") {
-            "hpk bubble-init (supervisor)".into()
-        } else if program == "hpk" {
-            "hpk bubble-init (reaper)".into()
-        } else {
-            program
-        };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        if let Some(kib) = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        {
-            out.entry(program).or_default().push(kib);
+    for node in [format!("{name}-1"), format!("{name}-2")] {
+        for (pid, cmdline) in bubble_processes(name, &node) {
+            let program =
+                cmdline.split_whitespace().next().unwrap_or("").rsplit('/').next().unwrap_or("").to_owned();
+            let program = match program.as_str() {
+                "hpk" if cmdline.contains("--supervise") => "hpk bubble-init (supervisor)".to_owned(),
+                "hpk" => "hpk bubble-init (reaper)".to_owned(),
+                _ => program,
+            };
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            if let Some(kib) = status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            {
+                out.entry(program).or_default().push(kib);
+            }
         }
     }
     out

@@ -5,6 +5,7 @@
 pub mod addons;
 pub mod bubble;
 pub mod cluster;
+pub mod controlplane;
 pub mod error;
 pub mod fds;
 pub mod image;

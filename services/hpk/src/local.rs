@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::bubble::{self, process_alive, tail};
+use crate::bubble::{self, NodeOptions, process_alive, tail};
 use crate::cluster::{self, Shared};
 use crate::error::{Error, Result};
 use crate::{image, preflight};
@@ -23,6 +23,9 @@ const DNS_BOUND: Duration = Duration::from_secs(120);
 /// `hpk up` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
+    /// What every node of the cluster is started with.
+    #[command(flatten)]
+    pub options: NodeOptions,
     /// How many nodes (bubbles); the first is also the controller.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub nodes: u16,
@@ -35,15 +38,6 @@ pub struct UpArgs {
     /// The host address to publish on [default: the first global IPv4 address].
     #[arg(long)]
     pub address: Option<Ipv4Addr>,
-    /// More arguments for every kubelet (repeatable).
-    #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
-    pub kubelet_args: Vec<String>,
-    /// A registry pods may pull from over plain HTTP (`host:port`; repeatable).
-    #[arg(long = "insecure-registry")]
-    pub insecure_registries: Vec<String>,
-    /// The CoreDNS image for cluster DNS.
-    #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
-    pub coredns_image: String,
 }
 
 /// `hpk down` / `hpk status` arguments.
@@ -260,13 +254,7 @@ fn spawn_launcher(
         .arg(format!("--address={address}"))
         .arg("--image")
         .arg(image);
-    for a in &args.kubelet_args {
-        cmd.arg(format!("--kubelet-arg={a}"));
-    }
-    for r in &args.insecure_registries {
-        cmd.arg(format!("--insecure-registry={r}"));
-    }
-    cmd.arg(format!("--coredns-image={}", args.coredns_image));
+    cmd.args(args.options.to_args());
     // Its own session: the launcher outlives `hpk up` and a closed terminal.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);

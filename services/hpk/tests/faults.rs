@@ -7,30 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Env, eventually_or, prerequisites, text};
-
-/// (pid, cmdline) of every live process in the bubble of `node` (its user namespace).
-fn bubble_processes(cluster: &str, node: &str) -> Vec<(u32, String)> {
-    let procs: Vec<(u32, String, String)> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter_map(|pid| {
-            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
-                .replace('\0', " ");
-            let user = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?.display().to_string();
-            Some((pid, cmdline, user))
-        })
-        .collect();
-    let Some((_, _, ns)) = procs.iter().find(|(_, c, _)| {
-        c.contains("bubble-init")
-            && c.contains(&format!("--cluster={cluster} "))
-            && c.contains(&format!("--node={node} "))
-    }) else {
-        return Vec::new();
-    };
-    procs.iter().filter(|(_, _, u)| u == ns).map(|(p, c, _)| (*p, c.clone())).collect()
-}
+use support::{Env, bubble_processes, eventually_or, prerequisites, text};
 
 fn service_pid(cluster: &str, node: &str, binary: &str) -> Option<u32> {
     bubble_processes(cluster, node)

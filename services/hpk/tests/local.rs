@@ -317,6 +317,28 @@ async fn up_refuses_a_machine_it_cannot_use_and_cleans_up() {
     assert!(text(&out).contains("corrupt"), "{}", text(&out));
     nothing_left("bad");
 
+    // A corrupt oci-archive (what `make images` also writes, for Apptainer): one flipped byte.
+    let archive = image.with_extension("oci.tar");
+    if archive.is_file() {
+        let mut bytes = std::fs::read(&archive).expect("read the archive");
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        let corrupt_archive = scratch.path().join("corrupt.oci.tar");
+        std::fs::write(&corrupt_archive, bytes).expect("write");
+        let out =
+            env.hpk(&["up", "--name", "bad", "--image"]).arg(&corrupt_archive).output().expect("hpk up");
+        assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+        assert!(text(&out).contains("corrupt"), "{}", text(&out));
+        nothing_left("bad");
+    } else {
+        assert!(
+            std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "no {} (make images)",
+            archive.display()
+        );
+        eprintln!("SKIPPED the corrupt-archive case: no {} (make images)", archive.display());
+    }
+
     // /dev/net/tun not accessible: a root-only TUN device, and the user is not root.
     let tun = scratch.path().join("tun");
     let mknod = Command::new("mknod").arg(&tun).args(["c", "10", "200"]).status().expect("mknod");

@@ -63,6 +63,9 @@ impl Role {
 /// `hpk bubble` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BubbleArgs {
+    /// What every node of the cluster is started with.
+    #[command(flatten)]
+    pub options: NodeOptions,
     /// The cluster's name (its shared directory is ~/.hpk/<cluster>).
     #[arg(long, default_value = cluster::DEFAULT_NAME)]
     pub cluster: String,
@@ -78,15 +81,31 @@ pub struct BubbleArgs {
     /// The hpk-bubble image: an OCI image layout directory or an oci-archive tar.
     #[arg(long, env = "HPK_IMAGE")]
     pub image: PathBuf,
-    /// More arguments for the kubelet inside (repeatable).
+}
+
+/// What every node of a cluster is started with; `hpk up` passes them to each launcher, the
+/// launcher to its bubble's supervisor.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NodeOptions {
+    /// One more flag for every kubelet (repeatable), e.g. --kubelet-arg=--disk-pressure-percent=1.
     #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
     pub kubelet_args: Vec<String>,
-    /// A registry the pod runtime may pull from over plain HTTP (`host:port`; repeatable).
+    /// A registry the nodes may pull from over plain HTTP (`host:port`; repeatable).
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
-    /// The CoreDNS image the controller deploys.
+    /// The CoreDNS image the controller deploys for cluster DNS.
     #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
     pub coredns_image: String,
+}
+
+impl NodeOptions {
+    /// These options as command-line flags, to pass on.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = self.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")).collect();
+        args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+        args.push(format!("--coredns-image={}", self.coredns_image));
+        args
+    }
 }
 
 /// The host side of a bubble, as set up; [`Launched::teardown`] undoes it.
@@ -228,9 +247,7 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
         format!("--address={}", args.address),
         format!("--ports={}", ports.join(",")),
     ];
-    init_args.extend(args.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")));
-    init_args.extend(args.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
-    init_args.push(format!("--coredns-image={}", args.coredns_image));
+    init_args.extend(args.options.to_args());
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let user =

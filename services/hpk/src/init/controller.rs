@@ -15,9 +15,10 @@ use kube::api::PostParams;
 
 use super::InitArgs;
 use super::supervisor::{Service, Supervisor};
-use crate::addons::{CLUSTER_CIDR, KUBE_PROXY_USER, KUBERNETES_SERVICE_IP, SERVICE_CIDR};
+use crate::addons::{KUBE_PROXY_USER, KUBERNETES_SERVICE_IP};
 use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
 use crate::cluster::write_file;
+use crate::controlplane;
 use crate::error::{Error, Result};
 use crate::pki::{ClusterPki, write_embedded_kubeconfig, write_kubeconfig};
 
@@ -62,45 +63,15 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     })
     .await?;
 
-    sup.start(Service::new(
-        "kube-apiserver",
-        "/usr/local/bin/kube-apiserver",
-        vec![
-            "--etcd-servers=http://127.0.0.1:2379".into(),
-            // Published through the bubble's relay at the same port on the host's address, which
-            // is also what the `kubernetes` Service's endpoint names.
-            "--bind-address=127.0.0.1".into(),
-            format!("--advertise-address={}", args.address),
-            format!("--secure-port={api_port}"),
-            format!("--cert-dir={}", p(&d("apiserver"))),
-            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
-            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
-            format!("--client-ca-file={}", p(&pki.client_ca().cert)),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-account-key-file={}", p(&pki.service_account_pub)),
-            format!("--service-account-signing-key-file={}", p(&pki.service_account_key)),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            format!("--kubelet-client-certificate={}", p(&pki.apiserver_kubelet_client.cert)),
-            format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
-            format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
-            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
-            format!("--requestheader-client-ca-file={}", p(&pki.request_header_ca.cert)),
-            "--requestheader-allowed-names=front-proxy-client".into(),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)),
-            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
-            "--allow-privileged=true".into(),
-            // A cluster lives as long as its job: pods of a lost node move after 30 s of it
-            // being NotReady or unreachable, not upstream's 5 minutes (a pod may ask longer).
-            "--default-not-ready-toleration-seconds=30".into(),
-            "--default-unreachable-toleration-seconds=30".into(),
-            "--profiling=false".into(),
-        ],
-    ))?;
+    // Published through the bubble's relay at the same port on the host's address, which is
+    // also what the `kubernetes` Service's endpoint names.
+    let mut apiserver =
+        controlplane::apiserver_args(&pki, &d("apiserver"), "127.0.0.1", &args.address.to_string(), api_port);
+    // A cluster lives as long as its job: pods of a lost node move after 30 s of it being
+    // NotReady or unreachable, not upstream's 5 minutes (a pod may ask for longer).
+    apiserver.push("--default-not-ready-toleration-seconds=30".into());
+    apiserver.push("--default-unreachable-toleration-seconds=30".into());
+    sup.start(Service::new("kube-apiserver", "/usr/local/bin/kube-apiserver", apiserver))?;
     let admin_local = d("admin.kubeconfig");
     let admin_files = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
     write_kubeconfig(&admin_local, &local_api, &pki.server_ca().cert, "admin", &admin_files)?;
@@ -122,45 +93,13 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     sup.start(Service::new(
         "kube-controller-manager",
         "/usr/local/bin/kube-controller-manager",
-        vec![
-            format!("--kubeconfig={}", p(&cm)),
-            format!("--authentication-kubeconfig={}", p(&cm)),
-            format!("--authorization-kubeconfig={}", p(&cm)),
-            "--bind-address=127.0.0.1".into(),
-            "--secure-port=10257".into(),
-            format!("--cert-dir={}", p(&d("controller-manager"))),
-            format!("--service-account-private-key-file={}", p(&pki.service_account_key)),
-            format!("--root-ca-file={}", p(&server_ca.cert)),
-            "--use-service-account-credentials=true".into(),
-            "--allocate-node-cidrs=true".into(),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--node-cidr-mask-size=24".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            format!("--cluster-signing-kubelet-serving-cert-file={}", p(&server_ca.cert)),
-            format!("--cluster-signing-kubelet-serving-key-file={}", p(&server_ca.key)),
-            format!("--cluster-signing-kubelet-client-cert-file={}", p(&client_ca.cert)),
-            format!("--cluster-signing-kubelet-client-key-file={}", p(&client_ca.key)),
-            // A node whose Lease stops is Unknown after 20 s and its pods are evicted soon after,
-            // so a lost bubble's pods come back elsewhere quickly.
-            "--node-monitor-grace-period=20s".into(),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-        ],
+        controlplane::controller_manager_args(&pki, &cm, &d("controller-manager"), "127.0.0.1"),
     ))?;
     let sched = component("scheduler", "system:kube-scheduler")?;
     sup.start(Service::new(
         "kube-scheduler",
         "/usr/local/bin/kube-scheduler",
-        vec![
-            format!("--kubeconfig={}", p(&sched)),
-            format!("--authentication-kubeconfig={}", p(&sched)),
-            format!("--authorization-kubeconfig={}", p(&sched)),
-            "--bind-address=127.0.0.1".into(),
-            "--secure-port=10259".into(),
-            format!("--cert-dir={}", p(&d("scheduler"))),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-        ],
+        controlplane::scheduler_args(&sched, &d("scheduler"), "127.0.0.1"),
     ))?;
     for (service, port) in [("kube-controller-manager", 10257), ("kube-scheduler", 10259)] {
         let probe = insecure_client(&format!("https://127.0.0.1:{port}"))?;
@@ -265,7 +204,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
 /// Cluster DNS: CoreDNS as a Deployment on the cluster's own nodes (`deploy/coredns.yaml`).
 async fn apply_coredns(args: &InitArgs, kubeconfig: &Path) -> Result<()> {
     use tokio::io::AsyncWriteExt;
-    let manifest = crate::addons::coredns_manifest(&args.coredns_image)?;
+    let manifest = crate::addons::coredns_manifest(&args.options.coredns_image)?;
     let mut child = tokio::process::Command::new("/usr/local/bin/kubectl")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(["apply", "-f", "-"])
@@ -287,7 +226,7 @@ async fn apply_coredns(args: &InitArgs, kubeconfig: &Path) -> Result<()> {
             detail: String::from_utf8_lossy(&out.stderr).into(),
         });
     }
-    tracing::info!(image = %args.coredns_image, "cluster DNS applied");
+    tracing::info!(image = %args.options.coredns_image, "cluster DNS applied");
     Ok(())
 }
 

@@ -17,12 +17,15 @@ use std::path::PathBuf;
 
 pub use controller::client;
 
-use crate::bubble::Role;
+use crate::bubble::{NodeOptions, Role};
 use crate::error::{Error, Result};
 
 /// `hpk bubble-init` arguments (set by the launcher).
 #[derive(Debug, Clone, clap::Args)]
 pub struct InitArgs {
+    /// What every node of the cluster is started with.
+    #[command(flatten)]
+    pub options: NodeOptions,
     /// The cluster's name.
     #[arg(long)]
     pub cluster: String,
@@ -38,15 +41,6 @@ pub struct InitArgs {
     /// Published ports, `name=port,…`.
     #[arg(long, value_delimiter = ',')]
     pub ports: Vec<String>,
-    /// More kubelet arguments.
-    #[arg(long = "kubelet-arg", allow_hyphen_values = true, num_args = 1)]
-    pub kubelet_args: Vec<String>,
-    /// Registries the runtime pulls from over plain HTTP.
-    #[arg(long = "insecure-registry")]
-    pub insecure_registries: Vec<String>,
-    /// The CoreDNS image (controller).
-    #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
-    pub coredns_image: String,
     /// Run as the supervisor (the reaper starts it so).
     #[arg(long, hide = true)]
     pub supervise: bool,
@@ -220,8 +214,8 @@ mod tests {
             "--insecure-registry=10.0.0.1:5000",
         ])
         .expect("parse");
-        assert_eq!(cli.init.kubelet_args, ["--disk-pressure-percent=1"]);
-        assert_eq!(cli.init.insecure_registries, ["10.0.0.1:5000"]);
+        assert_eq!(cli.init.options.kubelet_args, ["--disk-pressure-percent=1"]);
+        assert_eq!(cli.init.options.insecure_registries, ["10.0.0.1:5000"]);
         assert_eq!(cli.init.port("tunnel").expect("tunnel"), 2);
     }
 }

@@ -100,7 +100,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         "--pause-binary=/usr/local/bin/hpk-pause".into(),
         format!("--net-forwarder-socket={nf_socket}"),
     ];
-    runtime.extend(args.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+    runtime.extend(args.options.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
     sup.start(Service::new("hpk-pod-runtime", "/usr/local/bin/hpk-pod-runtime", runtime))?;
     wait(
         sup,
@@ -127,7 +127,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--cluster-dns={CLUSTER_DNS_IP}"),
         format!("--cluster-domain={CLUSTER_DOMAIN}"),
     ];
-    kubelet.extend(args.kubelet_args.iter().cloned());
+    kubelet.extend(args.options.kubelet_args.iter().cloned());
     sup.start(Service::new("hpk-kubelet", "/usr/local/bin/hpk-kubelet", kubelet))?;
 
     // ClusterIP Services: the node's pods are routed through the bubble, where kube-proxy's

@@ -269,7 +269,7 @@ impl Env {
             .filter(|l| l.contains(&state.display().to_string()) || l.contains(&home.display().to_string()))
             .map(str::to_owned)
             .collect();
-        Footprint { pids, namespaces, ports, mounts, state, home }
+        Footprint { pids, namespaces, ports, mounts, state, home, taken_at: uptime_ticks() }
     }
 
     /// What of `before` is still there: live processes, namespaces still held by any process,
@@ -287,6 +287,11 @@ impl Env {
         let mut held: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
         for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
             if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+                continue;
+            }
+            // A process started after the footprint holds a namespace made since: the kernel
+            // reuses namespace inode numbers, so only older processes can be left-overs.
+            if start_ticks(&entry.file_name().to_string_lossy()).is_none_or(|t| t > before.taken_at) {
                 continue;
             }
             for ns in ["user", "net", "mnt"] {
@@ -341,6 +346,21 @@ pub struct Footprint {
     pub mounts: Vec<String>,
     pub state: PathBuf,
     pub home: PathBuf,
+    /// When it was taken, in clock ticks since boot (as `/proc/PID/stat` counts start times).
+    pub taken_at: u64,
+}
+
+/// Clock ticks since boot (USER_HZ = 100 on Linux).
+fn uptime_ticks() -> u64 {
+    let text = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    let seconds: f64 = text.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    (seconds * 100.0) as u64
+}
+
+/// A process's start time in clock ticks since boot.
+fn start_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Drop for Env {
@@ -382,4 +402,27 @@ pub fn eventually_or<T>(
 
 pub fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// (pid, cmdline) of every live process in the bubble of `node` (its user namespace).
+pub fn bubble_processes(cluster: &str, node: &str) -> Vec<(u32, String)> {
+    let procs: Vec<(u32, String, String)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter_map(|pid| {
+            let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)
+                .replace('\0', " ");
+            let user = std::fs::read_link(format!("/proc/{pid}/ns/user")).ok()?.display().to_string();
+            Some((pid, cmdline, user))
+        })
+        .collect();
+    let Some((_, _, ns)) = procs.iter().find(|(_, c, _)| {
+        c.contains("bubble-init")
+            && c.contains(&format!("--cluster={cluster} "))
+            && c.contains(&format!("--node={node} "))
+    }) else {
+        return Vec::new();
+    };
+    procs.iter().filter(|(_, _, u)| u == ns).map(|(p, c, _)| (*p, c.clone())).collect()
 }
