@@ -510,8 +510,12 @@ impl Launched {
         // namespace; wait until no process of the bubble remains (bounded), killing stragglers.
         if let Some(ns) = &self.user_ns {
             let deadline = Instant::now() + Duration::from_secs(10);
+            // slirp4netns joined the bubble's user namespace to reach its network: ours to stop
+            // after this wait, not a process of the bubble.
+            let slirp = self.slirp.as_ref().map(std::process::Child::id);
             loop {
-                let left = processes_in_user_ns(ns);
+                let mut left = processes_in_user_ns(ns);
+                left.retain(|pid| Some(*pid) != slirp);
                 if left.is_empty() {
                     break;
                 }
