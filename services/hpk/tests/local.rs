@@ -398,12 +398,26 @@ async fn up_refuses_a_machine_it_cannot_use_and_cleans_up() {
         (s.contains(":45000") && s.contains(":45001")).then_some(())
     });
     let out = env.hpk(&["up", "--name", "bad"]).output().expect("hpk up");
+    // The launcher alone (as hpk.slurm runs it) refuses the same way and leaves no node files.
+    let address = env.host.ip.to_string();
+    let bubble = env
+        .hpk(&["bubble", "--cluster", "bad", "--node", "bad-9", "--role", "worker", "--address", &address])
+        .output()
+        .expect("hpk bubble");
     for mut h in holders {
         let _ = h.kill();
         let _ = h.wait();
     }
     assert_eq!(out.status.code(), Some(69), "{}", text(&out));
     assert!(text(&out).contains("ip_local_port_range"), "{}", text(&out));
+    assert_eq!(bubble.status.code(), Some(78), "{}", text(&bubble));
+    assert!(text(&bubble).contains("ip_local_port_range"), "{}", text(&bubble));
+    assert!(!env.state.path().join("bad/bad-9").exists(), "the launcher left its node directory");
+    assert!(!env.home.path().join("bad/nodes/bad-9.json").exists(), "the launcher left a node record");
+    // The cluster's shared directory is the cluster's (other bubbles may be joining it), not
+    // the launcher's: it stays for `hpk down`, which this test has no cluster for.
+    let _ = std::fs::remove_dir_all(env.home.path().join("bad"));
+    let _ = std::fs::remove_dir_all(env.state.path().join("bad"));
     nothing_left("bad");
 }
 

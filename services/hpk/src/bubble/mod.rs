@@ -208,6 +208,20 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
     if node_dir.exists() {
         std::fs::remove_dir_all(&node_dir).map_err(|e| Error::io("remove stale", node_dir.display(), e))?;
     }
+    // From here on, a failure removes the node directory again: nothing half-made stays.
+    prepare_and_start(args, shared, &node_dir, &record_path).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(&node_dir);
+    })
+}
+
+fn prepare_and_start(
+    args: &BubbleArgs,
+    shared: &Shared,
+    node_dir: &Path,
+    record_path: &Path,
+) -> Result<Launched> {
+    let node_dir = node_dir.to_owned();
+    let record_path = record_path.to_owned();
     for sub in ["", "etc", "logs", "crun", "bundle"] {
         image::create_private_dir(&node_dir.join(sub))?;
     }
