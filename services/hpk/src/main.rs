@@ -50,7 +50,7 @@ fn main() {
     let result = match cli.command {
         // Before any thread: the launcher enters a mount namespace, the reaper blocks signals.
         Cmd::Bubble(args) => hpk::bubble::run(&args),
-        Cmd::BubbleInit(args) if !args.supervise => hpk::init::reap(&args),
+        Cmd::BubbleInit(args) if !args.supervise => hpk::init::reap(),
         Cmd::BubbleInit(args) => runtime().and_then(|rt| rt.block_on(hpk::init::supervise(args))),
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(hpk::local::up(&args))).map(|()| 0),
         Cmd::Down(args) => hpk::local::down(&args).map(|()| 0),

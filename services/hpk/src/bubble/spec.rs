@@ -82,6 +82,19 @@ pub fn subordinate_range(file: &str, user: &str, id: u32) -> Option<(u32, u32)> 
 
 /// The `config.json` for `spec`.
 pub fn config(spec: &BubbleSpec<'_>) -> Value {
+    let mut config = base_config(spec);
+    // A TUN device elsewhere than /dev/net/tun (tests) is bound in place of the device node.
+    if spec.tun != Path::new("/dev/net/tun")
+        && let Some(mounts) = config.pointer_mut("/mounts").and_then(Value::as_array_mut)
+    {
+        mounts.push(
+            json!({"destination": "/dev/net/tun", "type": "bind", "source": spec.tun, "options": ["bind"]}),
+        );
+    }
+    config
+}
+
+fn base_config(spec: &BubbleSpec<'_>) -> Value {
     let caps: Vec<&str> = hpk_pod_runtime::engine::ALL_CAPS.to_vec();
     let maps = |m: &[IdMap]| {
         m.iter()
@@ -145,25 +158,6 @@ pub fn config(spec: &BubbleSpec<'_>) -> Value {
             "readonlyPaths": []
         }
     })
-    .tap_tun(spec.tun)
-}
-
-trait TapTun {
-    fn tap_tun(self, tun: &Path) -> Self;
-}
-
-impl TapTun for Value {
-    /// A TUN device elsewhere than /dev/net/tun (tests) is bound in place of the device node.
-    fn tap_tun(mut self, tun: &Path) -> Self {
-        if tun != Path::new("/dev/net/tun")
-            && let Some(mounts) = self.pointer_mut("/mounts").and_then(Value::as_array_mut)
-        {
-            mounts.push(
-                json!({"destination": "/dev/net/tun", "type": "bind", "source": tun, "options": ["bind"]}),
-            );
-        }
-        self
-    }
 }
 
 #[cfg(test)]

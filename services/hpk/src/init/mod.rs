@@ -65,8 +65,9 @@ pub fn inherited_fd(name: &str) -> Result<i32> {
         .ok_or_else(|| Error::Invalid(format!("HPK_FDS names no descriptor for {name}")))
 }
 
-/// The reaper: PID 1 of the bubble. Returns the exit code.
-pub fn reap(args: &InitArgs) -> Result<i32> {
+/// The reaper: PID 1 of the bubble. It starts the supervisor with this process's own
+/// arguments plus `--supervise`; returns the supervisor's exit code.
+pub fn reap() -> Result<i32> {
     use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -104,7 +105,6 @@ pub fn reap(args: &InitArgs) -> Result<i32> {
             }
             Err(_) => {}
         }
-        let _ = &args.node;
     }
 }
 
