@@ -6,8 +6,11 @@ HPK_CACHE_DIR ?= $(HOME)/.cache/hpk
 CONTROLPLANE ?= $(HPK_CACHE_DIR)/controlplane/bin/hpk-controlplane
 IMAGE_BIN_DIR ?= target/debug
 IMAGES_DIR ?= target/images
+# The images of the release binaries, for the lab; kept apart from
+# target/images, which the tests run.
+RELEASE_IMAGES_DIR ?= target/release/images
 
-.PHONY: all build binaries images test ci bench clean
+.PHONY: all build binaries images release-images develop test ci bench clean
 
 all: build
 
@@ -27,6 +30,14 @@ images:
 	  --out $(IMAGES_DIR)/hpk-bubble --archive $(IMAGES_DIR)/hpk-bubble.oci.tar
 	images/build.sh pause --bin-dir $(IMAGE_BIN_DIR) \
 	  --out $(IMAGES_DIR)/hpk-pause --archive $(IMAGES_DIR)/hpk-pause.oci.tar
+
+release-images: binaries
+	$(MAKE) images IMAGE_BIN_DIR=target/release IMAGES_DIR=$(RELEASE_IMAGES_DIR)
+
+# The development loop with the Vagrant lab (vagrant/README.md): build, then copy bin/hpk, the
+# bubble and slurm/hpk.slurm into ~/hpk-dev of the lab's user. The lab must be up.
+develop: release-images
+	vagrant/develop.sh --bin-dir bin --image $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar
 
 test:
 	$(CARGO) test --workspace --locked
