@@ -6,11 +6,11 @@ HPK_CACHE_DIR ?= $(HOME)/.cache/hpk
 CONTROLPLANE ?= $(HPK_CACHE_DIR)/controlplane/bin/hpk-controlplane
 IMAGE_BIN_DIR ?= target/debug
 IMAGES_DIR ?= target/images
-# The images of the release binaries, for the lab; kept apart from
+# The images of the release binaries, for the lab and the release bundle; kept apart from
 # target/images, which the tests run.
 RELEASE_IMAGES_DIR ?= target/release/images
 
-.PHONY: all build binaries images release-images develop test ci bench clean
+.PHONY: all build binaries images release-images develop dist test ci bench clean
 
 all: build
 
@@ -38,6 +38,10 @@ release-images: binaries
 # bubble and slurm/hpk.slurm into ~/hpk-dev of the lab's user. The lab must be up.
 develop: release-images
 	vagrant/develop.sh --bin-dir bin --image $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar
+
+# What a user copies to a cluster: target/dist/hpk-<version>.tar.gz (scripts/dist.sh).
+dist: release-images
+	scripts/dist.sh --bin-dir bin --image $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar --out target/dist
 
 test:
 	$(CARGO) test --workspace --locked

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Packs the release bundle a user copies to a Slurm cluster: OUT/hpk-<version>.tar.gz holding
+# hpk-<version>/ with bin/hpk, share/hpk/hpk-bubble.oci.tar, slurm/hpk.slurm (when this
+# checkout has it) and README.md. `make dist` builds the inputs and runs this.
+#
+#   scripts/dist.sh --bin-dir DIR --image FILE [--out DIR]
+#
+# Unpacked anywhere on the cluster's shared filesystem, the directory is the HPK_PREFIX that
+# slurm/hpk.slurm reads its files from (by default the directory the job was submitted from):
+#   cd hpk-<version> && sbatch --nodes=N slurm/hpk.slurm
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+die() { printf 'dist.sh: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '6s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+
+bin_dir="" image="" out="$HPK_ROOT/target/dist"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin-dir) bin_dir=${2:?}; shift 2 ;;
+    --image) image=${2:?}; shift 2 ;;
+    --out) out=${2:?}; shift 2 ;;
+    -h | --help) usage ;;
+    *) echo "dist.sh: unknown argument: $1" >&2; usage ;;
+  esac
+done
+if [ -z "$bin_dir" ] || [ -z "$image" ]; then usage; fi
+[ -x "$bin_dir/hpk" ] || die "$bin_dir/hpk is missing: run make binaries"
+[ -f "$image" ] || die "$image is missing: run make release-images"
+
+# The workspace's version ([workspace.package] in Cargo.toml), which every crate inherits.
+version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$HPK_ROOT/Cargo.toml")
+[ -n "$version" ] || die "no version under [workspace.package] in Cargo.toml"
+name="hpk-$version"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tree="$work/$name"
+install -D -m 0755 "$bin_dir/hpk" "$tree/bin/hpk"
+install -D -m 0644 "$image" "$tree/share/hpk/hpk-bubble.oci.tar"
+if [ -f "$HPK_ROOT/slurm/hpk.slurm" ]; then
+  install -D -m 0755 "$HPK_ROOT/slurm/hpk.slurm" "$tree/slurm/hpk.slurm"
+else
+  echo "dist.sh: no slurm/hpk.slurm in this checkout; the bundle has none" >&2
+fi
+install -D -m 0644 "$HPK_ROOT/docs/bundle-README.md" "$tree/README.md"
+
+# Reproducible: sorted names, numeric owners root, every mtime $SOURCE_DATE_EPOCH (default 0).
+mkdir -p "$out"
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@${SOURCE_DATE_EPOCH:-0}" \
+  -C "$work" -cf - "$name" | gzip -n >"$out/$name.tar.gz"
+echo "$out/$name.tar.gz:"
+tar -tvzf "$out/$name.tar.gz"
