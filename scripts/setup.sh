@@ -29,6 +29,9 @@ setup_packages() {
   apt_install iperf3 slirp4netns iputils-ping
   # kube-proxy's nftables mode (it runs `nft`) for ClusterIP Services on the test nodes.
   apt_install nftables
+  # The Slurm lab's Vagrantfile is checked with `vagrant validate` (vagrant/README.md); no
+  # hypervisor is needed for that.
+  apt_install vagrant
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
   # The same for iperf3, should it have been enabled before.

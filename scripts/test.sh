@@ -23,6 +23,14 @@ stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts
+# The Slurm lab (vagrant/): its Vagrantfile parsed and checked, the provisioning scripts it
+# names included. There is no hypervisor here, so the provider settings are left out
+# (--ignore-provider: without it, vagrant stops at "No usable default provider"); the lab is
+# not booted. No update check: CI has no internet.
+vagrant_validate() {
+  (cd vagrant && VAGRANT_CHECKPOINT_DISABLE=1 vagrant validate --ignore-provider)
+}
+stage "vagrant validate" vagrant_validate
 stage "image unpack" images/test.sh
 # The bubble image the hpk tests run: our binaries (built once here; cargo test reuses them)
 # on the cached Debian base, as make images builds it.
