@@ -46,7 +46,8 @@ nfs_server() {
     read -r ip name <<<"$entry"
     [ "$name" = "$LAB_CONTROLLER" ] || share_clients+=" $ip(ro,sync,no_subtree_check,no_root_squash)"
   done
-  install -d -m 0755 "$SHARE"
+  # exportfs reads /etc/exports.d/*.exports; Debian's package does not make the directory.
+  install -d -m 0755 "$SHARE" /etc/exports.d
   cat >/etc/exports.d/hpk-lab.exports <<EOF
 /home $LAB_SUBNET(rw,sync,no_subtree_check,root_squash)
 $SHARE$share_clients
