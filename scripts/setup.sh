@@ -32,12 +32,16 @@ setup_packages() {
   # The Slurm lab's Vagrantfile is checked with `vagrant validate` (vagrant/README.md); no
   # hypervisor is needed for that.
   apt_install vagrant
+  # A real Slurm cluster in test namespaces (integration/src/slurm.rs): slurmctld, slurmd, the
+  # client commands, and munge for their authentication.
+  apt_install slurm-wlm munge
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
-  # The same for iperf3, should it have been enabled before.
+  # The same for iperf3, should it have been enabled before, and for Slurm and munge: the
+  # tests start their own daemons with their own configuration and key.
   if command -v systemctl >/dev/null; then
-    systemctl disable docker-registry iperf3 >/dev/null 2>&1 || true
-    if [ -d /run/systemd/system ]; then systemctl stop docker-registry iperf3 || true; fi
+    systemctl disable docker-registry iperf3 slurmctld slurmd munge >/dev/null 2>&1 || true
+    if [ -d /run/systemd/system ]; then systemctl stop docker-registry iperf3 slurmctld slurmd munge || true; fi
   fi
 }
 

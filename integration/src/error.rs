@@ -57,6 +57,14 @@ pub enum Error {
         /// The end of its log.
         tail: String,
     },
+    /// A command printed something the harness cannot read.
+    #[error("`{command}` printed something unexpected: {output:?}")]
+    Unexpected {
+        /// The command line.
+        command: String,
+        /// What it printed.
+        output: String,
+    },
     /// Certificate generation failed.
     #[error("PKI: {0}")]
     Pki(#[from] rcgen::Error),

@@ -8,6 +8,8 @@
 //! - [`hpknode`]: an HPK node (net-forwarder, pod-runtime, kubelet) on a test host.
 //! - [`kubeproxy`] and [`clusterdns`]: ClusterIP Services (upstream kube-proxy, nftables mode)
 //!   and cluster DNS (CoreDNS from `deploy/coredns.yaml`) for the HPK nodes.
+//! - [`slurm`]: a real Slurm cluster (munged, slurmctld, one slurmd per test host) and a user
+//!   of its own who submits jobs.
 //!
 //! Everything a harness object creates it removes when dropped, also while a test panics.
 
@@ -21,6 +23,7 @@ pub mod netns;
 pub mod pki;
 pub mod process;
 pub mod registry;
+pub mod slurm;
 
 pub use error::{Error, Result};
 

@@ -94,18 +94,46 @@ impl Process {
 /// Stops a process that is not our child (left by a crashed run): SIGTERM, then SIGKILL after
 /// [`STOP_GRACE`].
 pub fn stop_pid(pid: i32) {
-    let target = Pid::from_raw(pid);
-    if kill(target, Signal::SIGTERM).is_err() {
-        return; // already gone
-    }
-    let deadline = Instant::now() + STOP_GRACE;
-    while Instant::now() < deadline {
-        if kill(target, None).is_err() {
-            return;
+    stop_pids(&[pid], STOP_GRACE);
+}
+
+/// Stops processes that are not our children: SIGTERM to all of them, then SIGKILL to those
+/// still running after `grace`, and waits (bounded) until they are gone or zombies.
+pub fn stop_pids(pids: &[i32], grace: Duration) {
+    let signal_all = |signal| {
+        for &pid in pids {
+            let _ = kill(Pid::from_raw(pid), signal);
         }
-        std::thread::sleep(Duration::from_millis(20));
+    };
+    let all_gone_within = |limit: Duration| {
+        let deadline = Instant::now() + limit;
+        loop {
+            if !pids.iter().any(|&pid| is_running(pid)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    signal_all(Signal::SIGTERM);
+    if all_gone_within(grace) {
+        return;
     }
-    let _ = kill(target, Signal::SIGKILL);
+    signal_all(Signal::SIGKILL);
+    if !all_gone_within(Duration::from_secs(5)) {
+        tracing::warn!(?pids, "processes still running after SIGKILL");
+    }
+}
+
+/// Whether `pid` exists and is not a zombie. Orphans that init has not reaped yet stay zombies
+/// for seconds on minimal init systems; they hold nothing but their PID, so they count as gone.
+pub fn is_running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the parenthesised command name, which may itself contain ") ".
+    let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, None | Some('Z' | 'X'))
 }
 
 impl Drop for Process {
