@@ -12,7 +12,7 @@ cd "$HPK_ROOT"
 export HPK_REQUIRE_TOOLS=1
 
 shell_scripts() {
-  git ls-files -z '*.sh' .ci/run | xargs -0 shellcheck -x
+  git ls-files -z '*.sh' '*.slurm' .ci/run | xargs -0 shellcheck -x
 }
 
 trap stage_summary EXIT

@@ -137,7 +137,14 @@ pub fn hpk_home() -> Result<PathBuf> {
 pub fn state_base() -> PathBuf {
     std::env::var_os("HPK_STATE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/hpk-{}", nix::unistd::getuid())))
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/hpk-{}", host_uid())))
+}
+
+/// This user's UID as the host knows it: taken at the first call, which the launcher makes
+/// before it enters a user namespace of its own (where it is 0).
+pub fn host_uid() -> u32 {
+    static UID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| nix::unistd::getuid().as_raw())
 }
 
 /// The node directory of `node` in cluster `cluster`.

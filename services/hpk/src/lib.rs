@@ -14,6 +14,7 @@ pub mod local;
 pub mod pki;
 pub mod preflight;
 pub mod shell;
+pub mod slurm;
 pub mod tainer;
 
 pub use error::{Error, Result};

@@ -49,17 +49,21 @@ pub struct NameArgs {
 }
 
 /// The image `hpk up` uses without `--image`: `target/images/hpk-bubble` beside the binary's
-/// build tree, or `<prefix>/share/hpk/hpk-bubble` of an installation.
+/// build tree, or `<prefix>/share/hpk/hpk-bubble[.oci.tar]` of an installation (`make dist`).
 pub fn default_image() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut candidates = Vec::new();
     for dir in exe.ancestors().skip(1).take(3) {
         candidates.push(dir.join("images/hpk-bubble"));
         candidates.push(dir.join("share/hpk/hpk-bubble"));
+        candidates.push(dir.join("share/hpk/hpk-bubble.oci.tar"));
     }
+    // An image layout has an index.json (the source tree's images/hpk-bubble has not).
     candidates
         .iter()
-        .find(|c| c.exists())
+        .find(|c| {
+            c.join("index.json").is_file() || (c.extension().is_some_and(|e| e == "tar") && c.is_file())
+        })
         .cloned()
         .unwrap_or_else(|| PathBuf::from("target/images/hpk-bubble"))
 }
@@ -129,32 +133,11 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
         pids.push((name.clone(), spawn_launcher(args, shared, name, bubble::Role::Worker, image, address)?));
     }
     let client = crate::init::client(&shared.kubeconfig()).await?;
-    let nodes: Api<Node> = Api::all(client);
-    let deadline = Instant::now() + NODES_BOUND;
-    let mut ready = std::collections::BTreeSet::new();
-    while ready.len() < names.len() {
-        check_launchers(shared, &pids)?;
-        if let Ok(list) = nodes.list(&ListParams::default()).await {
-            for node in list.items {
-                let name = node.metadata.name.clone().unwrap_or_default();
-                if names.contains(&name) && is_ready(&node) && ready.insert(name.clone()) {
-                    done(&format!("node {name} Ready ({:.1} s)", t0.elapsed().as_secs_f64()));
-                }
-            }
-        }
-        if Instant::now() >= deadline {
-            let waiting: Vec<&String> = names.iter().filter(|n| !ready.contains(*n)).collect();
-            return Err(Error::NotReady {
-                what: format!("nodes {waiting:?}"),
-                seconds: NODES_BOUND.as_secs(),
-                detail: "see each node's logs under the state directory".into(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let mut alive = || check_launchers(shared, &pids);
+    wait_nodes_ready(client.clone(), names.len(), &|n| names.iter().any(|m| m == n), &mut alive, t0).await?;
     let nodes_ready = t0.elapsed();
     step("waiting for cluster DNS (CoreDNS)");
-    wait_coredns(nodes.clone().into_client(), &pids, shared).await?;
+    wait_coredns(client, &mut alive).await?;
     done(&format!("cluster DNS ready ({:.1} s)", t0.elapsed().as_secs_f64()));
     println!(
         "\nCluster {} is up: {} node(s) Ready in {:.1} s, cluster DNS in {:.1} s.\n",
@@ -169,13 +152,57 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
     Ok(())
 }
 
-/// Waits until every CoreDNS replica is ready (bounded), or a launcher dies.
-async fn wait_coredns(client: kube::Client, pids: &[(String, u32)], shared: &Shared) -> Result<()> {
+/// Waits until `want` nodes accepted by `ours` are Ready (bounded), printing each; `alive`
+/// fails fast when a bubble is gone.
+pub(crate) async fn wait_nodes_ready(
+    client: kube::Client,
+    want: usize,
+    ours: &dyn Fn(&str) -> bool,
+    alive: &mut dyn FnMut() -> Result<()>,
+    t0: Instant,
+) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client);
+    let deadline = Instant::now() + NODES_BOUND;
+    let mut ready = std::collections::BTreeSet::new();
+    let mut seen = std::collections::BTreeSet::new();
+    while ready.len() < want {
+        alive()?;
+        if let Ok(list) = nodes.list(&ListParams::default()).await {
+            for node in list.items {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                if !ours(&name) {
+                    continue;
+                }
+                seen.insert(name.clone());
+                if is_ready(&node) && ready.insert(name.clone()) {
+                    done(&format!("node {name} Ready ({:.1} s)", t0.elapsed().as_secs_f64()));
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            let waiting: Vec<&String> = seen.iter().filter(|n| !ready.contains(*n)).collect();
+            return Err(Error::NotReady {
+                what: format!(
+                    "{} of {want} nodes (registered but not Ready: {waiting:?})",
+                    want - ready.len()
+                ),
+                seconds: NODES_BOUND.as_secs(),
+                detail: "see each node's logs under the state directory".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Waits until every CoreDNS replica is ready (bounded); `alive` fails fast when a bubble is
+/// gone.
+pub(crate) async fn wait_coredns(client: kube::Client, alive: &mut dyn FnMut() -> Result<()>) -> Result<()> {
     use k8s_openapi::api::apps::v1::Deployment;
     let deployments: Api<Deployment> = Api::namespaced(client, "kube-system");
     let deadline = Instant::now() + DNS_BOUND;
     loop {
-        check_launchers(shared, pids)?;
+        alive()?;
         let last = match deployments.get_opt("coredns").await {
             Ok(Some(d)) => {
                 let wanted = d.spec.and_then(|s| s.replicas).unwrap_or(1);
@@ -415,7 +442,7 @@ pub async fn status(args: &NameArgs) -> Result<()> {
     Ok(())
 }
 
-async fn print_status(shared: &Shared) {
+pub(crate) async fn print_status(shared: &Shared) {
     let api = std::fs::read_to_string(shared.apiserver_url()).unwrap_or_else(|_| "(not yet)".into());
     println!("cluster {}   API {}   kubeconfig {}", shared.name, api.trim(), shared.kubeconfig().display());
     let (mut ready, mut pods) =
@@ -441,7 +468,9 @@ async fn print_status(shared: &Shared) {
     for record in shared.nodes() {
         match record {
             Ok(n) => {
-                let status = match (process_alive(n.launcher_pid), ready.get(&n.node)) {
+                // A launcher on another host (a Slurm job's nodes) cannot be checked from here.
+                let local = n.host == bubble::hostname();
+                let status = match (!local || process_alive(n.launcher_pid), ready.get(&n.node)) {
                     (false, _) => "Gone",
                     (true, Some(true)) => "Ready",
                     (true, Some(false)) => "NotReady",
@@ -456,7 +485,11 @@ async fn print_status(shared: &Shared) {
                     n.address,
                     port("kubelet"),
                     format!("{}/udp", port("tunnel")),
-                    format!("pid {}", n.launcher_pid),
+                    if local {
+                        format!("pid {}", n.launcher_pid)
+                    } else {
+                        format!("{}:{}", n.host, n.launcher_pid)
+                    },
                     pods.get(&n.node).copied().unwrap_or(0)
                 );
             }
@@ -465,7 +498,7 @@ async fn print_status(shared: &Shared) {
     }
 }
 
-fn is_ready(node: &Node) -> bool {
+pub(crate) fn is_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -494,11 +527,11 @@ pub fn default_address() -> Result<Ipv4Addr> {
         })
 }
 
-fn step(what: &str) {
+pub(crate) fn step(what: &str) {
     println!("• {what} …");
 }
 
-fn done(what: &str) {
+pub(crate) fn done(what: &str) {
     println!("  ✓ {what}");
 }
 

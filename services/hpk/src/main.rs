@@ -24,6 +24,9 @@ enum Cmd {
     Tainer(hpk::tainer::TainerCmd),
     /// Run one bubble in the foreground until SIGTERM (what hpk up and hpk.slurm start).
     Bubble(hpk::bubble::BubbleArgs),
+    /// HPK in a Slurm job: what `slurm/hpk.slurm` runs (the batch step and each node's task).
+    #[command(subcommand)]
+    Slurm(hpk::slurm::SlurmCmd),
     /// The bubble's first process (started by `hpk bubble` inside the bubble).
     #[command(hide = true)]
     BubbleInit(hpk::init::InitArgs),
@@ -52,6 +55,12 @@ fn main() {
         Cmd::Bubble(args) => hpk::bubble::run(&args),
         Cmd::BubbleInit(args) if !args.supervise => hpk::init::reap(),
         Cmd::BubbleInit(args) => runtime().and_then(|rt| rt.block_on(hpk::init::supervise(args))),
+        // Also before any thread: a node's task is its bubble's launcher.
+        Cmd::Slurm(hpk::slurm::SlurmCmd::Node(args)) => hpk::slurm::node(&args),
+        Cmd::Slurm(hpk::slurm::SlurmCmd::Preflight(args)) => hpk::slurm::preflight_node(&args),
+        Cmd::Slurm(hpk::slurm::SlurmCmd::Job(args)) => {
+            runtime().and_then(|rt| rt.block_on(hpk::slurm::job(&args)))
+        }
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(hpk::local::up(&args))).map(|()| 0),
         Cmd::Down(args) => hpk::local::down(&args).map(|()| 0),
         Cmd::Status(args) => runtime().and_then(|rt| rt.block_on(hpk::local::status(&args))).map(|()| 0),

@@ -126,6 +126,8 @@ pub struct Launched {
 /// Must be called before any thread starts: it moves the process into a private mount
 /// namespace (for crun on hosts with hybrid cgroups).
 pub fn run(args: &BubbleArgs) -> Result<i32> {
+    // The state directory is named after the host's UID, read before any user namespace.
+    cluster::host_uid();
     preflight::check_all()?;
     let shared = Shared::new(&args.cluster)?;
     cluster::check_label(&args.node, "node name")?;
@@ -559,6 +561,10 @@ impl Launched {
         let _ = std::fs::remove_file(&self.record);
         if let Err(e) = std::fs::remove_dir_all(&self.node_dir) {
             tracing::warn!(dir = %self.node_dir.display(), error = %e, "could not remove the node directory");
+        }
+        // The cluster's directory on this host, once its last node is gone.
+        if let Some(cluster_dir) = self.node_dir.parent() {
+            let _ = std::fs::remove_dir(cluster_dir);
         }
         tracing::info!(bubble = %self.id, "bubble removed");
     }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use hpk_integration::netns::{Host, TestNetwork};
 use hpk_integration::registry::{Client, Registry};
 
+pub mod slurm;
+
 /// The bubble image the tests run (`make images` builds it).
 pub fn image() -> Option<PathBuf> {
     let path = std::env::var_os("HPK_IMAGE")

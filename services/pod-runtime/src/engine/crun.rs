@@ -186,6 +186,10 @@ impl Crun {
         }
         match run(cmd.arg(id)) {
             Err(Error::Command { stderr, .. }) if stderr.contains("does not exist") => Ok(()),
+            // `--force` signals first, and fails ("open pidfd: …") when the recorded PID is
+            // gone: a container in a pod's PID namespace is recorded by its PID there, which
+            // names nothing once the sandbox has stopped. Stopped, it needs no force.
+            Err(Error::Command { stderr, .. }) if force && stderr.contains("pidfd") => self.delete(id, false),
             other => other.map(drop),
         }
     }

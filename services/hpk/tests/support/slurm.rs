@@ -1,0 +1,321 @@
+//! HPK on a real Slurm: a Slurm cluster of test hosts (`hpk_integration::slurm`), a local
+//! registry on its login address, and jobs of `slurm/hpk.slurm` submitted as the cluster's
+//! unprivileged user. Dropping it cancels the jobs and waits until none of the user's
+//! processes remain, before the Slurm cluster itself goes.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use hpk_integration::registry::{Client, Registry};
+use hpk_integration::slurm::{SlurmCluster, SlurmOptions};
+
+use super::text;
+
+/// The Slurm tests of one binary run one at a time: each starts clusters of several bubbles
+/// on a 2-core machine.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub struct SlurmEnv {
+    pub jobs: std::sync::Mutex<Vec<u32>>,
+    pub shell: String,
+    pub coredns: String,
+    pub registry: Registry,
+    pub image: PathBuf,
+    pub kubectl: PathBuf,
+    pub slurm: SlurmCluster,
+}
+
+/// The repository's `slurm/hpk.slurm`.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../slurm/hpk.slurm")
+}
+
+impl SlurmEnv {
+    pub async fn start(nodes: usize) -> Self {
+        let slurm = SlurmCluster::start(SlurmOptions { nodes, ..SlurmOptions::default() }).expect("slurm");
+        let registry = Registry::start(IpAddr::V4(slurm.login_address()), None).await.expect("registry");
+        let client = Client::new(&registry.url()).expect("registry client");
+        client
+            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
+            .await
+            .expect("push");
+        let coredns_binary =
+            hpk_integration::clusterdns::coredns_binary().expect("coredns (scripts/setup.sh)");
+        let coredns_image = hpk_integration::image::static_binary_image_from(&coredns_binary).expect("image");
+        client.push("hpk/coredns", "v1", &coredns_image).await.expect("push coredns");
+        let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
+        Self {
+            jobs: std::sync::Mutex::new(Vec::new()),
+            shell: format!("{}/hpk/shell:v1", registry.host_port()),
+            coredns: format!("{}/hpk/coredns:v1", registry.host_port()),
+            registry,
+            image: super::image().expect("image"),
+            kubectl,
+            slurm,
+        }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.slurm.user().home.clone()
+    }
+
+    pub fn uid(&self) -> u32 {
+        self.slurm.user().uid
+    }
+
+    /// `sbatch SBATCH_ARGS slurm/hpk.slurm` with the test's registry, CoreDNS image and
+    /// programs, as the user. Err: sbatch's refusal.
+    pub fn submit(&self, sbatch_args: &[&str]) -> Result<u32, String> {
+        self.submit_with(sbatch_args, &[])
+    }
+
+    /// [`Self::submit`] with more flags for `hpk slurm job`.
+    pub fn submit_with(&self, sbatch_args: &[&str], hpk_args: &[&str]) -> Result<u32, String> {
+        let mut cmd = self.slurm.command_as_user("sbatch");
+        cmd.arg("--parsable").args(sbatch_args).arg(script());
+        cmd.arg(format!("--insecure-registry={}", self.registry.host_port()))
+            .arg(format!("--coredns-image={}", self.coredns))
+            .arg("--kubelet-arg=--disk-pressure-percent=1")
+            .args(hpk_args)
+            .env("HPK_BIN", env!("CARGO_BIN_EXE_hpk"))
+            .env("HPK_IMAGE", &self.image)
+            .env("RUST_LOG", "info");
+        let out = cmd.output().map_err(|e| format!("sbatch: {e}"))?;
+        if !out.status.success() {
+            return Err(text(&out));
+        }
+        // `--parsable` prints `ID` or `ID;CLUSTER`.
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let id: u32 = printed
+            .trim()
+            .split(';')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("sbatch printed {printed:?}"))?;
+        self.jobs.lock().expect("lock").push(id);
+        Ok(id)
+    }
+
+    /// Waits until the job's output says the cluster is up; returns the time since `since`.
+    pub fn wait_up(&self, id: u32, since: Instant) -> Duration {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let output = self.slurm.job_output(id);
+            if output.contains("export KUBECONFIG=") {
+                return since.elapsed();
+            }
+            let state = self.slurm.job(id).ok().flatten().map(|j| j.state).unwrap_or_default();
+            assert!(
+                state == "RUNNING" || state == "PENDING" || state == "CONFIGURING",
+                "job {id} is {state} before the cluster came up:\n{output}\n{}",
+                self.slurm.logs_tail()
+            );
+            assert!(Instant::now() < deadline, "job {id}: cluster not up in 300 s:\n{output}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The job's cluster files.
+    pub fn cluster_dir(&self, id: u32) -> PathBuf {
+        self.home().join(".hpk").join(id.to_string())
+    }
+
+    pub fn kubeconfig(&self, id: u32) -> PathBuf {
+        self.cluster_dir(id).join("kubeconfig")
+    }
+
+    pub fn kubectl(&self, id: u32, args: &[&str]) -> Output {
+        self.kubectl_cmd(id).args(args).output().expect("run kubectl")
+    }
+
+    pub fn kubectl_cmd(&self, id: u32) -> Command {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig(id).display()));
+        cmd
+    }
+
+    /// kubectl's stdout; panics with its stderr on failure.
+    pub fn kubectl_ok(&self, id: u32, args: &[&str]) -> String {
+        let out = self.kubectl(id, args);
+        assert!(out.status.success(), "kubectl {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn apply(&self, id: u32, manifest: &str) {
+        use std::io::Write;
+        let mut child = self
+            .kubectl_cmd(id)
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl apply");
+        child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "apply: {}", text(&out));
+    }
+
+    /// Pods, events and the job's output, for failure messages.
+    pub fn diagnose(&self, id: u32) -> String {
+        let mut out = String::new();
+        for args in [
+            &["get", "pods", "-A", "-o", "wide"][..],
+            &["describe", "pods"][..],
+            &["get", "events", "-A"][..],
+        ] {
+            out.push_str(&text(&self.kubectl(id, args)));
+        }
+        let job = self.slurm.job_output(id);
+        let lines: Vec<&str> = job.lines().collect();
+        out.push_str(&format!(
+            "--- job output (last 40 lines):\n{}\n",
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        ));
+        out
+    }
+
+    /// Pods of `selector` once `count` of them run: (name, node, ip).
+    pub fn running(
+        &self,
+        id: u32,
+        selector: &str,
+        count: usize,
+        within: Duration,
+    ) -> Vec<(String, String, String)> {
+        super::eventually_or(
+            &format!("{count} pods {selector} Running"),
+            within,
+            || {
+                let out = self.kubectl(
+                    id,
+                    &[
+                        "get",
+                        "pods",
+                        "-l",
+                        selector,
+                        "-o",
+                        "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+                    ],
+                );
+                let rows: Vec<Vec<String>> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(|l| l.split_whitespace().map(str::to_owned).collect())
+                    .collect();
+                let running: Vec<(String, String, String)> = rows
+                    .iter()
+                    .filter(|r| r.len() == 4 && r[3] == "Running")
+                    .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
+                    .collect();
+                (running.len() == count && rows.len() == count).then_some(running)
+            },
+            || self.diagnose(id),
+        )
+    }
+
+    /// The user's live processes: (pid, command line).
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        let uid = self.uid().to_string();
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter_map(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let real =
+                    status.lines().find(|l| l.starts_with("Uid:"))?.split_whitespace().nth(1)?.to_owned();
+                let state = status.lines().find(|l| l.starts_with("State:"))?.to_owned();
+                if real != uid || state.contains("zombie") || state.contains("dead") {
+                    return None;
+                }
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+            })
+            .collect()
+    }
+
+    /// What of job `id` is still there: the user's processes (the job's: the user runs nothing
+    /// else), sockets of the user on any node, the cluster's files, node directories and
+    /// kubeconfig link. The image cache (`/tmp/hpk-<uid>/images`) is a cache, not the job's.
+    pub fn leftovers(&self, id: u32) -> Vec<String> {
+        let mut left: Vec<String> =
+            self.processes().into_iter().map(|(p, c)| format!("process {p}: {c}")).collect();
+        for node in self.slurm.nodes() {
+            let ss = Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", node.netns))
+                .args(["ss", "-Hanutep"])
+                .output()
+                .expect("ss");
+            for line in String::from_utf8_lossy(&ss.stdout).lines() {
+                if line.contains(&format!("uid:{} ", self.uid()))
+                    || line.ends_with(&format!("uid:{}", self.uid()))
+                {
+                    left.push(format!("socket on {}: {line}", node.name));
+                }
+            }
+        }
+        left.extend(self.leftover_files(id));
+        left
+    }
+
+    /// The files of job `id` still there: its cluster directory, node directories and
+    /// kubeconfig link.
+    pub fn leftover_files(&self, id: u32) -> Vec<String> {
+        let mut left = Vec::new();
+        let state = PathBuf::from(format!("/tmp/hpk-{}", self.uid()));
+        for path in [self.cluster_dir(id), state.join(id.to_string())] {
+            if path.exists() {
+                left.push(format!("{} exists", path.display()));
+            }
+        }
+        let link = self.home().join(".hpk/kubeconfig");
+        if std::fs::read_link(&link).is_ok_and(|t| t.starts_with(self.cluster_dir(id))) {
+            left.push(format!("{} still points at the job's cluster", link.display()));
+        }
+        left
+    }
+
+    /// Waits (bounded) until nothing of job `id` is left; returns how long it took.
+    pub fn wait_clean(&self, id: u32, within: Duration) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let left = self.leftovers(id);
+            if left.is_empty() {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < within,
+                "job {id}: still there after {within:?}: {left:#?}\n{}",
+                self.slurm.job_output(id)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn cancel(&self, id: u32, extra: &[&str]) {
+        self.slurm.scancel(id, extra).expect("scancel");
+    }
+}
+
+impl Drop for SlurmEnv {
+    fn drop(&mut self) {
+        let jobs = std::mem::take(&mut *self.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for id in jobs {
+            let _ = self.slurm.scancel(id, &[]);
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !self.processes().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for (pid, cmdline) in self.processes() {
+            eprintln!("cleanup: killing {pid} ({cmdline})");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = std::fs::remove_dir_all(format!("/tmp/hpk-{}", self.uid()));
+    }
+}
