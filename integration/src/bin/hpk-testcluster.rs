@@ -2,7 +2,8 @@
 //!
 //! `up` starts the upstream control plane on a test host (plus node hosts, with `--hpk` an HPK
 //! node on each: net-forwarder, pod-runtime, kubelet), prints how to use it, and keeps it
-//! running until SIGINT/SIGTERM or `down`, then removes everything.
+//! running until SIGINT/SIGTERM or `down`, then removes everything. `registry` and `slurm` give
+//! `scripts/demo.sh` a registry host, or a whole Slurm cluster with a registry.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +53,18 @@ enum Command {
     /// Writes shell variables to --env-file once ready; runs until SIGINT/SIGTERM.
     Registry {
         /// Where to write `HPK_DEMO_NETNS=…`, `HPK_DEMO_REGISTRY=…`, the image references.
+        #[arg(long)]
+        env_file: PathBuf,
+    },
+    /// A real Slurm cluster (slurmctld, one slurmd per test host, munge) with an unprivileged
+    /// user, and a local registry holding the test images and CoreDNS on its login address, for
+    /// `sbatch slurm/hpk.slurm` as that user (`scripts/demo.sh`). Writes shell variables to
+    /// --env-file once ready; runs until SIGINT/SIGTERM, then removes it all.
+    Slurm {
+        /// How many compute nodes.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=16))]
+        nodes: u16,
+        /// Where to write `HPK_DEMO_SLURM_CONF=…`, `HPK_DEMO_USER=…`, the image references.
         #[arg(long)]
         env_file: PathBuf,
     },
@@ -228,6 +241,47 @@ async fn registry_host(env_file: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A real Slurm cluster of `nodes` test hosts (`hpk_integration::slurm`) with an unprivileged
+/// user, and a local registry on its login address holding the test images and CoreDNS; writes
+/// shell variables to `env_file` once ready and runs until SIGINT/SIGTERM, then removes it all.
+async fn slurm_cluster(nodes: usize, env_file: PathBuf) -> anyhow::Result<()> {
+    use hpk_integration::slurm::{SlurmCluster, SlurmOptions};
+    let shutdown = hpk_rpc::shutdown::on_signal().context("signal handlers")?;
+    let slurm = SlurmCluster::start(SlurmOptions { nodes, ..SlurmOptions::default() })?;
+    let registry = Registry::start(std::net::IpAddr::V4(slurm.login_address()), None).await?;
+    let client = Client::new(&registry.url())?;
+    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
+    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
+    let coredns = hpk_integration::image::static_binary_image_from(&clusterdns::coredns_binary()?)?;
+    client.push("hpk/coredns", "v1", &coredns).await?;
+    let r = registry.host_port();
+    let user = slurm.user();
+    let vars = format!(
+        "HPK_DEMO_SLURM_CONF={}\nHPK_DEMO_USER={}\nHPK_DEMO_HOME={}\nHPK_DEMO_LOGIN={}\n\
+         HPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={r}/hpk/shell:v1\nHPK_DEMO_HTTPD={r}/hpk/httpd:v1\n\
+         HPK_DEMO_COREDNS={r}/hpk/coredns:v1\n",
+        slurm.conf().display(),
+        user.name,
+        user.home.display(),
+        slurm.login_address()
+    );
+    std::fs::write(&env_file, vars).with_context(|| format!("write {}", env_file.display()))?;
+    let names: Vec<String> = slurm.nodes().iter().map(|n| format!("{} ({})", n.name, n.ip)).collect();
+    println!(
+        "Slurm: login node {} (slurmctld), compute nodes {}, partition {}, user {} (home {}); registry {r}",
+        slurm.login_address(),
+        names.join(", "),
+        slurm.partition(),
+        user.name,
+        user.home.display()
+    );
+    shutdown.cancelled().await;
+    drop(registry);
+    drop(slurm);
+    let _ = std::fs::remove_file(&env_file);
+    Ok(())
+}
+
 fn down() -> anyhow::Result<()> {
     let pid_file = pid_file();
     let text = std::fs::read_to_string(&pid_file)
@@ -263,6 +317,7 @@ async fn main() -> ExitCode {
         }
         Command::Down => down(),
         Command::Registry { env_file } => registry_host(env_file).await,
+        Command::Slurm { nodes, env_file } => slurm_cluster(usize::from(nodes), env_file).await,
         Command::Sweep => hpk_integration::netns::sweep().map_err(Into::into).map(|removed| {
             for thing in &removed {
                 println!("removed {thing}");
