@@ -42,7 +42,7 @@ if [ "$MODE" = down ]; then
       sleep 0.1
     done
   fi
-  "$HPK" down --name demo 2>/dev/null || true
+  if [ -d "${HPK_HOME:-$HOME/.hpk}/demo" ]; then "$HPK" down --name demo || true; fi
   stop_helper
   rm -rf "$STATE"
   exit 0

@@ -276,8 +276,11 @@ async fn slurm_cluster(nodes: usize, env_file: PathBuf) -> anyhow::Result<()> {
         user.home.display()
     );
     shutdown.cancelled().await;
+    // The node-local state HPK keeps for the user (its image cache): the user goes with Slurm.
+    let state = PathBuf::from(format!("/tmp/hpk-{}", user.uid));
     drop(registry);
     drop(slurm);
+    let _ = std::fs::remove_dir_all(state);
     let _ = std::fs::remove_file(&env_file);
     Ok(())
 }
