@@ -107,6 +107,47 @@ pub struct SlurmCluster {
     dir: tempfile::TempDir,
 }
 
+/// The names of the users the harness makes start with this.
+const USER_PREFIX: &str = "hpke2e";
+/// The harness's directories in the temp dir start with this.
+const DIR_PREFIX: &str = "hpk-slurm-";
+
+/// Removes what killed runs left (used by `hpk-testcluster sweep`, after the test namespaces
+/// went): processes naming a harness directory (slurmctld, munged), the `hpke2e…` users with
+/// their processes, homes and HPK state (`/tmp/hpk-<uid>`), and the directories. Only while no
+/// test or demo runs.
+pub fn sweep() -> Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let tmp = std::env::temp_dir();
+    let dirs = tmp.join(DIR_PREFIX).display().to_string();
+    for entry in std::fs::read_dir("/proc").map_err(|e| Error::io("list", "/proc", e))?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&dirs) {
+            crate::process::stop_pid(pid);
+            removed.push(format!("process {pid}: {cmdline}"));
+        }
+    }
+    for user in SlurmUser::leftovers() {
+        removed.push(format!("user {} (uid {}, home {})", user.name, user.uid, user.home.display()));
+        let state = tmp.join(format!("hpk-{}", user.uid));
+        drop(user);
+        if state.exists() {
+            std::fs::remove_dir_all(&state).map_err(|e| Error::io("remove", state.display(), e))?;
+            removed.push(state.display().to_string());
+        }
+    }
+    for entry in std::fs::read_dir(&tmp).map_err(|e| Error::io("list", tmp.display(), e))?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) && entry.path().is_dir() {
+            std::fs::remove_dir_all(entry.path())
+                .map_err(|e| Error::io("remove", entry.path().display(), e))?;
+            removed.push(entry.path().display().to_string());
+        }
+    }
+    Ok(removed)
+}
+
 impl SlurmCluster {
     /// Starts munged, slurmctld and one slurmd per node, and waits until every node is idle.
     pub fn start(opts: SlurmOptions) -> Result<Self> {
@@ -116,7 +157,7 @@ impl SlurmCluster {
             hint: "install Debian's slurm-wlm package (scripts/setup.sh)".into(),
         })?;
         let dir = tempfile::Builder::new()
-            .prefix("hpk-slurm-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(|e| Error::io("create", "temp dir", e))?;
         let d = dir.path().to_owned();
@@ -125,7 +166,7 @@ impl SlurmCluster {
         let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node{i}")).collect();
         let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let network = TestNetwork::create(&name_refs)?;
-        let user = SlurmUser::create(&format!("hpke2e{}", network.id()), &d.join("home"))?;
+        let user = SlurmUser::create(&format!("{USER_PREFIX}{}", network.id()), &d.join("home"))?;
 
         let (munge_dir, state_dir, spool_dir, log_dir) =
             (d.join("munge"), d.join("state"), d.join("spool"), d.join("log"));

@@ -8,11 +8,15 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hpk-testcluster");
 
+/// Each test sweeps everything of the harness: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn sweep_removes_what_a_killed_run_left() {
     if hpk_integration::skip_unless_available(hpk_integration::controlplane::bin_dir()).is_none() {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut up = Command::new(BIN)
         .args(["up", "--nodes", "node1"])
         .stdout(Stdio::piped())
@@ -54,8 +58,10 @@ fn sweep_removes_what_a_killed_run_left() {
     for ns in &namespaces {
         assert!(!listed.contains(ns.as_str()), "{ns} remains");
     }
+    // A killed component waits as a zombie until init reaps it: gone is not running.
     for pid in pids.split_whitespace() {
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "component {pid} still runs");
+        let pid: i32 = pid.parse().expect("pid");
+        assert!(!hpk_integration::process::is_running(pid), "component {pid} still runs");
     }
     let temp_left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
         .expect("tmp")
@@ -63,4 +69,60 @@ fn sweep_removes_what_a_killed_run_left() {
         .filter(|e| e.file_name().to_string_lossy().starts_with("hpk-testcluster-"))
         .collect();
     assert!(temp_left.is_empty(), "{temp_left:?}");
+}
+
+#[test]
+fn sweep_removes_a_killed_slurm() {
+    if !hpk_integration::tools_present(&["slurmctld", "slurmd", "munged", "docker-registry"])
+        || hpk_integration::skip_unless_available(hpk_integration::clusterdns::coredns_binary()).is_none()
+    {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let env_dir = tempfile::tempdir().expect("tempdir");
+    let env_file = env_dir.path().join("env");
+    let mut slurm = Command::new(BIN)
+        .args(["slurm", "--nodes", "1", "--env-file"])
+        .arg(&env_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start hpk-testcluster slurm");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !env_file.is_file() {
+        assert!(std::time::Instant::now() < deadline, "hpk-testcluster slurm did not get ready");
+        assert!(slurm.try_wait().expect("wait").is_none(), "hpk-testcluster slurm exited");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let vars = std::fs::read_to_string(&env_file).expect("env");
+    let var = |name: &str| {
+        vars.lines().find_map(|l| l.strip_prefix(&format!("{name}="))).map(str::to_owned).expect(name)
+    };
+    let (user, conf) = (var("HPK_DEMO_USER"), var("HPK_DEMO_SLURM_CONF"));
+    let dir = std::path::Path::new(&conf).parent().expect("the cluster's directory").to_owned();
+    slurm.kill().expect("SIGKILL");
+    slurm.wait().expect("reap");
+    let daemons = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .filter_map(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                cmdline.contains(&dir.display().to_string()).then_some(cmdline)
+            })
+            .collect()
+    };
+    let known = |name: &str| nix::unistd::User::from_name(name).ok().flatten().is_some();
+    assert!(
+        !daemons().is_empty() && known(&user) && dir.exists(),
+        "SIGKILL leaves Slurm, its user and files"
+    );
+
+    let out = Command::new(BIN).arg("sweep").output().expect("sweep");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let left = daemons();
+    assert!(left.is_empty(), "still running: {left:?}");
+    assert!(!known(&user), "user {user} remains");
+    assert!(!dir.exists(), "{} remains", dir.display());
 }

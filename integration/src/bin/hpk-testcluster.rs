@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use hpk_integration::clusterdns;
 use hpk_integration::controlplane::ControlPlane;
 use hpk_integration::hpknode::{HpkNode, NodeOptions, PEER_READER_RBAC};
-use hpk_integration::registry::{Client, Registry};
+use hpk_integration::registry::{Registry, TestImages};
 
 /// A throwaway upstream Kubernetes control plane in network namespaces (needs root).
 #[derive(Parser)]
@@ -69,7 +69,8 @@ enum Command {
         env_file: PathBuf,
     },
     /// Remove what killed harness runs left behind (processes in `hpkt-*` namespaces, the
-    /// namespaces, `hpktb*` bridges). Only while no test or `up` is running.
+    /// namespaces, `hpktb*` bridges; a Slurm's daemons, users and directories). Only while no
+    /// test, `up`, `slurm` or demo is running.
     Sweep,
 }
 
@@ -147,12 +148,12 @@ async fn up(nodes: Vec<String>, hpk: Option<HpkOptions>) -> anyhow::Result<()> {
 /// A registry on the test network's gateway with the test images; prints their references.
 async fn start_registry(cp: &ControlPlane) -> anyhow::Result<Registry> {
     let registry = Registry::start(std::net::IpAddr::V4(cp.network().gateway()), None).await?;
-    let client = Client::new(&registry.url())?;
-    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
-    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
+    let images = TestImages::push(&registry, false).await?;
     println!(
-        "  registry {0}: images {0}/hpk/shell:v1 (busybox sh), {0}/hpk/httpd:v1 (httpd on 8080)",
-        registry.host_port()
+        "  registry {}: images {} (busybox sh), {} (httpd on 8080)",
+        registry.host_port(),
+        images.shell,
+        images.httpd
     );
     Ok(registry)
 }
@@ -218,16 +219,13 @@ async fn registry_host(env_file: PathBuf) -> anyhow::Result<()> {
     let network = hpk_integration::netns::TestNetwork::create(&["demo"])?;
     let host = network.host("demo").context("the demo host")?.clone();
     let registry = Registry::start(std::net::IpAddr::V4(host.ip), Some(&host.netns)).await?;
-    let client = Client::new(&registry.url())?;
-    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
-    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
-    let coredns = hpk_integration::image::static_binary_image_from(&clusterdns::coredns_binary()?)?;
-    client.push("hpk/coredns", "v1", &coredns).await?;
+    let images = TestImages::push(&registry, true).await?;
+    let coredns = images.coredns.unwrap_or_default();
     let r = registry.host_port();
     let vars = format!(
-        "HPK_DEMO_NETNS={}\nHPK_DEMO_ADDRESS={}\nHPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={r}/hpk/shell:v1\n\
-         HPK_DEMO_HTTPD={r}/hpk/httpd:v1\nHPK_DEMO_COREDNS={r}/hpk/coredns:v1\n",
-        host.netns, host.ip
+        "HPK_DEMO_NETNS={}\nHPK_DEMO_ADDRESS={}\nHPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={}\n\
+         HPK_DEMO_HTTPD={}\nHPK_DEMO_COREDNS={coredns}\n",
+        host.netns, host.ip, images.shell, images.httpd
     );
     std::fs::write(&env_file, vars).with_context(|| format!("write {}", env_file.display()))?;
     println!(
@@ -249,21 +247,19 @@ async fn slurm_cluster(nodes: usize, env_file: PathBuf) -> anyhow::Result<()> {
     let shutdown = hpk_rpc::shutdown::on_signal().context("signal handlers")?;
     let slurm = SlurmCluster::start(SlurmOptions { nodes, ..SlurmOptions::default() })?;
     let registry = Registry::start(std::net::IpAddr::V4(slurm.login_address()), None).await?;
-    let client = Client::new(&registry.url())?;
-    client.push("hpk/shell", "v1", &hpk_integration::image::shell_image()?).await?;
-    client.push("hpk/httpd", "v1", &hpk_integration::image::httpd_image()?).await?;
-    let coredns = hpk_integration::image::static_binary_image_from(&clusterdns::coredns_binary()?)?;
-    client.push("hpk/coredns", "v1", &coredns).await?;
+    let images = TestImages::push(&registry, true).await?;
+    let coredns = images.coredns.unwrap_or_default();
     let r = registry.host_port();
     let user = slurm.user();
     let vars = format!(
         "HPK_DEMO_SLURM_CONF={}\nHPK_DEMO_USER={}\nHPK_DEMO_HOME={}\nHPK_DEMO_LOGIN={}\n\
-         HPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={r}/hpk/shell:v1\nHPK_DEMO_HTTPD={r}/hpk/httpd:v1\n\
-         HPK_DEMO_COREDNS={r}/hpk/coredns:v1\n",
+         HPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={}\nHPK_DEMO_HTTPD={}\nHPK_DEMO_COREDNS={coredns}\n",
         slurm.conf().display(),
         user.name,
         user.home.display(),
-        slurm.login_address()
+        slurm.login_address(),
+        images.shell,
+        images.httpd
     );
     std::fs::write(&env_file, vars).with_context(|| format!("write {}", env_file.display()))?;
     let names: Vec<String> = slurm.nodes().iter().map(|n| format!("{} ({})", n.name, n.ip)).collect();
@@ -321,12 +317,18 @@ async fn main() -> ExitCode {
         Command::Down => down(),
         Command::Registry { env_file } => registry_host(env_file).await,
         Command::Slurm { nodes, env_file } => slurm_cluster(usize::from(nodes), env_file).await,
-        Command::Sweep => hpk_integration::netns::sweep().map_err(Into::into).map(|removed| {
-            for thing in &removed {
-                println!("removed {thing}");
-            }
-            println!("{} left-overs removed", removed.len());
-        }),
+        Command::Sweep => hpk_integration::netns::sweep()
+            .and_then(|mut removed| {
+                removed.extend(hpk_integration::slurm::sweep()?);
+                Ok(removed)
+            })
+            .map_err(Into::into)
+            .map(|removed| {
+                for thing in &removed {
+                    println!("removed {thing}");
+                }
+                println!("{} left-overs removed", removed.len());
+            }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

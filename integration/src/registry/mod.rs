@@ -172,3 +172,35 @@ fn http_client() -> Result<reqwest::Client> {
         .build()
         .map_err(Error::ClientBuild)
 }
+
+/// The images the cluster tests and `scripts/demo.sh` run, pushed to one registry.
+#[derive(Debug, Clone)]
+pub struct TestImages {
+    /// `hpk/shell:v1`: busybox with `sh` as its command.
+    pub shell: String,
+    /// `hpk/httpd:v1`: busybox httpd serving [`crate::image::HTTPD_INDEX`] on port 8080.
+    pub httpd: String,
+    /// `hpk/coredns:v1`: the static `coredns` binary `scripts/setup.sh` builds, when asked for.
+    pub coredns: Option<String>,
+}
+
+impl TestImages {
+    /// Builds and pushes the shell and httpd images, and CoreDNS's with `coredns`.
+    pub async fn push(registry: &Registry, coredns: bool) -> crate::Result<Self> {
+        let client = Client::new(&registry.url()).map_err(Box::new)?;
+        let r = registry.host_port();
+        client.push("hpk/shell", "v1", &image::shell_image()?).await.map_err(Box::new)?;
+        client.push("hpk/httpd", "v1", &image::httpd_image()?).await.map_err(Box::new)?;
+        let coredns = if coredns {
+            let binary = crate::clusterdns::coredns_binary()?;
+            client
+                .push("hpk/coredns", "v1", &image::static_binary_image_from(&binary)?)
+                .await
+                .map_err(Box::new)?;
+            Some(format!("{r}/hpk/coredns:v1"))
+        } else {
+            None
+        };
+        Ok(Self { shell: format!("{r}/hpk/shell:v1"), httpd: format!("{r}/hpk/httpd:v1"), coredns })
+    }
+}

@@ -63,6 +63,28 @@ impl SlurmUser {
         Ok(made)
     }
 
+    /// Every user a harness made (`hpke2e…`) that still exists: what killed runs left.
+    pub(super) fn leftovers() -> Vec<Self> {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        passwd
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split(':').collect();
+                let (name, uid, gid, home) =
+                    (fields.first()?, fields.get(2)?, fields.get(3)?, fields.get(5)?);
+                name.starts_with(super::USER_PREFIX).then(|| Self {
+                    name: (*name).to_owned(),
+                    uid: uid.parse().unwrap_or(u32::MAX),
+                    gid: gid.parse().unwrap_or(u32::MAX),
+                    home: PathBuf::from(home),
+                    subordinate_uids: subordinate_uids(name),
+                })
+            })
+            // Never a system account, whatever its name.
+            .filter(|u| u.uid >= 1000 && u.uid != u32::MAX)
+            .collect()
+    }
+
     /// The PIDs of every process running as this user or one of its subordinate UIDs, in any
     /// namespace.
     fn processes(&self) -> Vec<i32> {

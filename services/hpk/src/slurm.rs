@@ -297,7 +297,10 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
         remove_files(&shared);
         return Ok(1);
     }
-    let link = link_kubeconfig(&shared)?;
+    let link = link_kubeconfig(&shared).unwrap_or_else(|e| {
+        eprintln!("hpk: could not link ~/.hpk/kubeconfig ({e}): use the cluster's own");
+        shared.kubeconfig()
+    });
     println!(
         "\nCluster {} is up: {} node(s) Ready, cluster DNS ready, {:.1} s after the job started.\n",
         shared.name,
@@ -312,10 +315,11 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
         env.job_id
     );
 
-    let why = tokio::select! {
-        _ = term.recv() => "SIGTERM".to_owned(),
-        _ = int.recv() => "SIGINT".to_owned(),
-        s = step_child.wait() => format!("the bubbles' step ended ({})", s.map(|s| s.to_string()).unwrap_or_default()),
+    // Asked to end (exit 0), or every bubble gone by itself (the cluster failed: exit 1).
+    let (why, code) = tokio::select! {
+        _ = term.recv() => ("SIGTERM".to_owned(), 0),
+        _ = int.recv() => ("SIGINT".to_owned(), 0),
+        s = step_child.wait() => (format!("the bubbles' step ended ({})", s.map(|s| s.to_string()).unwrap_or_default()), 1),
     };
     let t_end = Instant::now();
     println!("hpk: job ending ({why}): cordoning the nodes and letting the pods terminate");
@@ -324,7 +328,7 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     stop_step(&env, &mut step_child).await;
     remove_files(&shared);
     println!("hpk: cluster {} ended and removed ({:.1} s)", shared.name, t_end.elapsed().as_secs_f64());
-    Ok(0)
+    Ok(code)
 }
 
 /// An srun for one task per node of the job.

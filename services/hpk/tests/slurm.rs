@@ -39,6 +39,33 @@ fn ready_nodes(env: &SlurmEnv, id: u32) -> Vec<String> {
         .collect()
 }
 
+/// A container command that runs until SIGTERM, and exits 0 on it.
+const LOOP: &str = r#"trap "exit 0" TERM; while true; do sleep 1; done"#;
+
+/// A Deployment NAME of REPLICAS pods labelled `app: NAME`, spread over the nodes (maxSkew 1,
+/// `when` unsatisfiable), with `grace` seconds to terminate; `container` is one item of its
+/// container list, from `- `.
+fn spread(name: &str, replicas: u32, when: &str, grace: u32, container: &str) -> String {
+    let container = container.replace('\n', "\n      ");
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      terminationGracePeriodSeconds: {grace}
+      topologySpreadConstraints:
+      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: {when}, labelSelector: {{matchLabels: {{app: {name}}}}}}}
+      containers:
+      {container}
+"
+    )
+}
+
 /// A shell command printing the body's last line of `GET PATH` from HOST:PORT (busybox nc: the
 /// static busybox's wget crashes resolving names).
 fn get(host: &str, port: u16, path: &str) -> String {
@@ -92,24 +119,7 @@ async fn three_nodes_through_kubectl_then_scancel_leaves_nothing() {
     env.apply(
         id,
         &format!(
-            "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web}}
-spec:
-  replicas: 6
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      terminationGracePeriodSeconds: 2
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}
-      containers:
-      - name: httpd
-        image: {shell}
-        command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
-        ports: [{{containerPort: 8080}}]
----
+            "{}---
 apiVersion: v1
 kind: Service
 metadata: {{name: web}}
@@ -124,7 +134,7 @@ spec:
   nodeSelector: {{kubernetes.io/hostname: node1}}
   terminationGracePeriodSeconds: 1
   containers:
-  - {{name: c, image: {shell}, command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']}}
+  - {{name: c, image: {shell}, command: [sh, -c, '{LOOP}']}}
 ---
 apiVersion: v1
 kind: Pod
@@ -135,6 +145,19 @@ spec:
   containers:
   - {{name: t, image: {shell}, command: [sh, -c, 'i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done']}}
 ",
+            spread(
+                "web",
+                6,
+                "DoNotSchedule",
+                2,
+                &format!(
+                    "- name: httpd
+  image: {}
+  command: [sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
+  ports: [{{containerPort: 8080}}]",
+                    env.shell
+                )
+            ),
             shell = env.shell
         ),
     );
@@ -146,20 +169,43 @@ spec:
     assert_eq!(per_node.values().copied().collect::<Vec<_>>(), [2, 2, 2], "spread: {per_node:?}");
     env.running(id, "app=client", 1, Duration::from_secs(60));
 
-    // The Service by its DNS name from node1, answered by pods on the other nodes too.
-    let answers = exec_ok(
-        &env,
-        id,
-        "client",
-        &format!("for i in $(seq 30); do {}; done", get("web.default.svc.cluster.local", 80, "/")),
+    // The Service by its DNS name from node1, answered by pods on the other nodes too — once
+    // its EndpointSlice lists all 6 ready (kube-proxy follows within a sync).
+    eventually_or(
+        "6 ready endpoints of Service web",
+        Duration::from_secs(60),
+        || {
+            let out = env.kubectl(
+                id,
+                &[
+                    "get",
+                    "endpointslices",
+                    "-l",
+                    "kubernetes.io/service-name=web",
+                    "-o",
+                    "jsonpath={range .items[*].endpoints[*]}{.conditions.ready}{\"\\n\"}{end}",
+                ],
+            );
+            (String::from_utf8_lossy(&out.stdout).lines().filter(|l| *l == "true").count() == 6).then_some(())
+        },
+        || env.diagnose(id),
     );
-    let backends: std::collections::BTreeSet<&str> = answers.lines().collect();
-    let remote: Vec<&str> = web
-        .iter()
-        .filter(|(name, node, _)| node != "node1" && backends.contains(name.as_str()))
-        .map(|(n, _, _)| n.as_str())
-        .collect();
-    assert!(backends.len() >= 3 && !remote.is_empty(), "30 requests reached {backends:?}; pods {web:?}");
+    let requests = format!("for i in $(seq 30); do {}; done", get("web.default.svc.cluster.local", 80, "/"));
+    let last = std::cell::RefCell::new(String::new());
+    eventually_or(
+        "30 requests to the Service answered by ≥ 3 pods, some on other nodes",
+        Duration::from_secs(30),
+        || {
+            let answers = exec_ok(&env, id, "client", &requests);
+            let backends: std::collections::BTreeSet<&str> =
+                answers.lines().filter(|l| !l.is_empty()).collect();
+            let remote =
+                web.iter().any(|(name, node, _)| node != "node1" && backends.contains(name.as_str()));
+            *last.borrow_mut() = format!("{backends:?}");
+            (backends.len() >= 3 && remote).then_some(())
+        },
+        || format!("last reached {}; pods {web:?}", last.borrow()),
+    );
 
     // Pod to pod across nodes, by pod IP.
     let (far, _, far_ip) = web.iter().find(|(_, node, _)| node == "node3").expect("a web pod on node3");
@@ -312,7 +358,7 @@ spec:
       containers:
       - name: db
         image: {}
-        command: [sh, -c, 'hostname >> /data/boots; trap \"exit 0\" TERM; while true; do sleep 1; done']
+        command: [sh, -c, 'hostname >> /data/boots; {LOOP}']
         volumeMounts: [{{name: data, mountPath: /data}}]
   volumeClaimTemplates:
   - metadata: {{name: data}}
@@ -363,27 +409,8 @@ async fn apiserver_restart_and_a_lost_worker_bubble() {
     let env = SlurmEnv::start(3).await;
     let id = env.submit(&["--nodes=3"]).expect("sbatch");
     env.wait_up(id, Instant::now());
-    env.apply(
-        id,
-        &format!(
-            "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web}}
-spec:
-  replicas: 3
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: web}}}}}}
-      containers:
-      - {{name: c, image: {}, command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']}}
-",
-            env.shell
-        ),
-    );
+    let container = format!("- {{name: c, image: {}, command: [sh, -c, '{LOOP}']}}", env.shell);
+    env.apply(id, &spread("web", 3, "ScheduleAnyway", 1, &container));
     env.running(id, "app=web", 3, Duration::from_secs(120));
     let restarts = || {
         env.kubectl_ok(
@@ -504,37 +531,21 @@ async fn the_time_limit_ends_the_cluster_gracefully_with_prestop_hooks() {
     });
     let id = env.submit(&["--nodes=2", "--time=10"]).expect("sbatch");
     env.wait_up(id, Instant::now());
-    env.apply(
-        id,
-        &format!(
-            "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: app}}
-spec:
-  replicas: 2
-  selector: {{matchLabels: {{app: app}}}}
-  template:
-    metadata: {{labels: {{app: app}}}}
-    spec:
-      terminationGracePeriodSeconds: 20
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: app}}}}}}
-      containers:
-      - name: c
-        image: {}
-        command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']
-        lifecycle:
-          preStop:
-            exec:
-              command:
-              - sh
-              - -c
-              - |
-                {hook}
-",
-            env.shell
-        ),
+    let container = format!(
+        "- name: c
+  image: {}
+  command: [sh, -c, '{LOOP}']
+  lifecycle:
+    preStop:
+      exec:
+        command:
+        - sh
+        - -c
+        - |
+          {hook}",
+        env.shell
     );
+    env.apply(id, &spread("app", 2, "DoNotSchedule", 20, &container));
     let pods = env.running(id, "app=app", 2, Duration::from_secs(120));
     // The time limit brought forward to 2 minutes: with `--signal=B:TERM@120` Slurm signals
     // the batch step at once.
@@ -589,7 +600,7 @@ metadata: {{name: hello, labels: {{app: hello}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: node2}}
   terminationGracePeriodSeconds: 1
-  containers: [{{name: c, image: {}, command: [sh, -c, 'echo cluster {id}; trap \"exit 0\" TERM; while true; do sleep 1; done']}}]
+  containers: [{{name: c, image: {}, command: [sh, -c, 'echo cluster {id}; {LOOP}']}}]
 ",
                 env.shell
             ),

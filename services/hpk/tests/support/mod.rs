@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use hpk_integration::netns::{Host, TestNetwork};
-use hpk_integration::registry::{Client, Registry};
+use hpk_integration::registry::{Registry, TestImages};
 
 pub mod slurm;
 
@@ -65,22 +65,8 @@ impl Env {
         let network = TestNetwork::create(&["host"]).expect("test network");
         let host = network.host("host").cloned().expect("host");
         let registry = Registry::start(IpAddr::V4(host.ip), Some(&host.netns)).await.expect("registry");
-        let client = Client::new(&registry.url()).expect("registry client");
-        client
-            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
-            .await
-            .expect("push");
-        client
-            .push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image"))
-            .await
-            .expect("push");
-        let coredns_binary =
-            hpk_integration::clusterdns::coredns_binary().expect("coredns (scripts/setup.sh)");
-        let coredns_image = hpk_integration::image::static_binary_image_from(&coredns_binary).expect("image");
-        client.push("hpk/coredns", "v1", &coredns_image).await.expect("push coredns");
-        let coredns = format!("{}/hpk/coredns:v1", registry.host_port());
-        let shell = format!("{}/hpk/shell:v1", registry.host_port());
-        let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
+        let images = TestImages::push(&registry, true).await.expect("test images");
+        let (shell, httpd, coredns) = (images.shell, images.httpd, images.coredns.expect("coredns"));
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
         Self {
             clusters: std::sync::Mutex::new(Vec::new()),

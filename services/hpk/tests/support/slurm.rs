@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use hpk_integration::registry::{Client, Registry};
+use hpk_integration::registry::{Registry, TestImages};
 use hpk_integration::slurm::{SlurmCluster, SlurmOptions};
 
 use super::text;
@@ -36,20 +36,12 @@ impl SlurmEnv {
     pub async fn start(nodes: usize) -> Self {
         let slurm = SlurmCluster::start(SlurmOptions { nodes, ..SlurmOptions::default() }).expect("slurm");
         let registry = Registry::start(IpAddr::V4(slurm.login_address()), None).await.expect("registry");
-        let client = Client::new(&registry.url()).expect("registry client");
-        client
-            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
-            .await
-            .expect("push");
-        let coredns_binary =
-            hpk_integration::clusterdns::coredns_binary().expect("coredns (scripts/setup.sh)");
-        let coredns_image = hpk_integration::image::static_binary_image_from(&coredns_binary).expect("image");
-        client.push("hpk/coredns", "v1", &coredns_image).await.expect("push coredns");
+        let images = TestImages::push(&registry, true).await.expect("test images");
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
         Self {
             jobs: std::sync::Mutex::new(Vec::new()),
-            shell: format!("{}/hpk/shell:v1", registry.host_port()),
-            coredns: format!("{}/hpk/coredns:v1", registry.host_port()),
+            shell: images.shell,
+            coredns: images.coredns.expect("coredns"),
             registry,
             image: super::image().expect("image"),
             kubectl,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hpk_integration::controlplane::{ControlPlane, client_from_kubeconfig};
 use hpk_integration::hpknode::{HpkNode, NodeOptions};
-use hpk_integration::registry::{Client, Registry};
+use hpk_integration::registry::{Registry, TestImages};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
@@ -50,17 +50,8 @@ impl Cluster {
         let cp = hpk_integration::skip_unless_available(ControlPlane::start(&[NODE]).await)?;
         let admin = cp.admin_client().await.expect("admin client");
         let registry = Registry::start(IpAddr::V4(cp.network().gateway()), None).await.expect("registry");
-        let client = Client::new(&registry.url()).expect("registry client");
-        client
-            .push("hpk/shell", "v1", &hpk_integration::image::shell_image().expect("image"))
-            .await
-            .expect("push");
-        client
-            .push("hpk/httpd", "v1", &hpk_integration::image::httpd_image().expect("image"))
-            .await
-            .expect("push");
-        let shell = format!("{}/hpk/shell:v1", registry.host_port());
-        let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
+        let images = TestImages::push(&registry, false).await.expect("test images");
+        let (shell, httpd) = (images.shell, images.httpd);
         let dir = tempfile::Builder::new().prefix("hpk-kubelet-test-").tempdir().expect("tempdir");
         let options = NodeOptions {
             bin_dir: Path::new(KUBELET).parent().expect("bin dir").to_owned(),
