@@ -12,7 +12,8 @@
 //!      ~/.hpk/kubeconfig → ~/.hpk/<jobid>/kubeconfig
 //!   4. on SIGTERM (the time limit's `--signal=B:TERM@120`, `scancel --batch --signal=TERM`)
 //!      or SIGINT: cordons every node, deletes every pod with its own grace period and waits
-//!      (bounded), then stops the bubbles' step and removes the cluster's files.
+//!      (bounded), then stops the bubbles' step (`scancel --signal=TERM JOB.STEP`) and
+//!      removes the cluster's files.
 //! ```
 //!
 //! The cluster is named after the job: `~/.hpk/<jobid>/`. A plain `scancel` signals every
@@ -527,5 +528,62 @@ fn remove_files(shared: &Shared) {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         eprintln!("hpk: could not remove {}: {e}", shared.dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(dir: &std::path::Path) -> Shared {
+        Shared { name: "42".into(), dir: dir.to_owned() }
+    }
+
+    #[test]
+    fn a_node_failure_file_ends_the_wait_with_its_message() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = shared(dir.path());
+        assert!(node_failure(&shared).is_ok(), "nothing failed yet");
+        std::fs::write(dir.path().join("kubeconfig"), "").expect("write");
+        assert!(node_failure(&shared).is_ok(), "other files are not failures");
+        std::fs::write(failed_file(&shared, "node2"), "crun create (the bubble) failed: no space\n")
+            .expect("write");
+        let e = node_failure(&shared).expect_err("node2 failed");
+        assert_eq!(
+            e.to_string(),
+            "the bubble of node node2 failed: crun create (the bubble) failed: no space"
+        );
+    }
+
+    #[test]
+    fn a_missing_directory_is_no_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(node_failure(&shared(&dir.path().join("absent"))).is_ok());
+    }
+
+    #[test]
+    fn the_job_flags_parse_and_bad_ones_are_refused() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: SlurmCmd,
+        }
+        let cli = Cli::try_parse_from([
+            "hpk",
+            "job",
+            "--image",
+            "/x.tar",
+            "--drain-seconds",
+            "30",
+            "--insecure-registry=r:5000",
+        ])
+        .expect("valid flags");
+        let SlurmCmd::Job(args) = cli.cmd else { panic!("not job") };
+        assert_eq!(args.drain_seconds, 30);
+        assert_eq!(args.options.insecure_registries, ["r:5000"]);
+        assert!(Cli::try_parse_from(["hpk", "job", "--image", "/x", "--drain-seconds", "-1"]).is_err());
+        assert!(Cli::try_parse_from(["hpk", "job", "--image", "/x", "--drain-seconds", "3601"]).is_err());
+        assert!(Cli::try_parse_from(["hpk", "node", "--image", "/x", "--address", "not-an-ip"]).is_err());
     }
 }
