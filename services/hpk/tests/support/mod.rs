@@ -138,18 +138,9 @@ impl Env {
     }
 
     pub fn apply(&self, name: &str, manifest: &str) {
-        use std::io::Write;
-        let mut child = Command::new(&self.kubectl)
-            .arg(format!("--kubeconfig={}", self.kubeconfig(name).display()))
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl apply");
-        child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
-        let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "apply: {}", String::from_utf8_lossy(&out.stderr));
+        let mut kubectl = Command::new(&self.kubectl);
+        kubectl.arg(format!("--kubeconfig={}", self.kubeconfig(name).display()));
+        apply(kubectl, manifest);
     }
 
     /// `kubectl describe pods` and the events, plus each node's kubelet and runtime log tail,
@@ -386,6 +377,21 @@ pub fn eventually_or<T>(
         assert!(Instant::now() < deadline, "{what}: not within {within:?}\n{}", diagnose());
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// `KUBECTL apply -f -` with `manifest` on its stdin; panics with kubectl's output on failure.
+pub fn apply(mut kubectl: Command, manifest: &str) {
+    use std::io::Write;
+    let mut child = kubectl
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl apply");
+    child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "apply: {}", text(&out));
 }
 
 pub fn text(out: &Output) -> String {

@@ -136,18 +136,7 @@ impl SlurmEnv {
     }
 
     pub fn apply(&self, id: u32, manifest: &str) {
-        use std::io::Write;
-        let mut child = self
-            .kubectl_cmd(id)
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl apply");
-        child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
-        let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "apply: {}", text(&out));
+        super::apply(self.kubectl_cmd(id), manifest);
     }
 
     /// Pods, events and the job's output, for failure messages.
