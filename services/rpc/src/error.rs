@@ -50,6 +50,9 @@ pub enum Error {
     /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A TLS configuration could not be built.
+    #[error(transparent)]
+    Tls(#[from] crate::mtls::TlsError),
     /// Draining in-flight requests took longer than the deadline.
     #[error("in-flight requests did not finish within {0:?} of shutdown")]
     DrainTimeout(std::time::Duration),

@@ -2,12 +2,17 @@
 //!
 //! - [`serve`]: run a set of tonic services on a UNIX socket or on TCP with TLS, always with
 //!   `grpc.health.v1` and server reflection, stopping gracefully when a token is cancelled.
-//! - [`connect`]: open a channel to such a server over a UNIX socket or TLS with a pinned CA.
+//!   With [`Listener::mutual_tls`], only clients with a certificate from a given CA are served,
+//!   and one port carries gRPC (`h2`) and an HTTP/1.1 handler (`http/1.1`) side by side.
+//! - [`connect`]: open a channel to such a server over a UNIX socket or TLS with a pinned CA,
+//!   presenting a client certificate where the server asks for one.
+//! - [`mtls`]: the rustls configurations of mutual TLS.
 //! - [`unix`]: socket-path hygiene (private directory, 0600 socket, stale sockets).
 //! - [`telemetry`] and [`shutdown`]: tracing set-up and SIGTERM/SIGINT handling for `main`.
 
 pub mod connect;
 mod error;
+pub mod mtls;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;

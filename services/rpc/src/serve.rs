@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_stream::wrappers::UnixListenerStream;
@@ -15,13 +16,12 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-use crate::{Error, Result};
+use crate::{Error, Result, mtls};
 
 /// How long in-flight requests may run after shutdown begins.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A bound listening socket, ready to serve.
-#[derive(Debug)]
 pub enum Listener {
     /// A UNIX socket for peers in the same bubble; access is the socket's 0600 mode.
     Unix {
@@ -37,6 +37,33 @@ pub enum Listener {
         /// The server's certificate and key.
         tls: ServerTlsConfig,
     },
+    /// TCP with mutual TLS for peers on other machines: only clients with a certificate from
+    /// the configured CA get past the handshake. `h2` sessions are gRPC; `http/1.1` sessions go
+    /// to the handler, if there is one, else are closed.
+    MutualTls {
+        /// The listening socket.
+        listener: tokio::net::TcpListener,
+        /// Server certificate, client CA, ALPN.
+        config: Arc<rustls::ServerConfig>,
+        /// Where `http/1.1` sessions go.
+        http1: Option<mtls::Http1Handler>,
+    },
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unix { path, .. } => f.debug_struct("Unix").field("path", path).finish_non_exhaustive(),
+            Self::Tls { listener, .. } => {
+                f.debug_struct("Tls").field("addr", &listener.local_addr().ok()).finish_non_exhaustive()
+            }
+            Self::MutualTls { listener, http1, .. } => f
+                .debug_struct("MutualTls")
+                .field("addr", &listener.local_addr().ok())
+                .field("http1", &http1.is_some())
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 impl Listener {
@@ -54,11 +81,35 @@ impl Listener {
         Ok(Self::Tls { listener, tls })
     }
 
+    /// Binds `addr` for mutual TLS: the PEM certificate chain and key, and the CA whose
+    /// client certificates are accepted. Port 0 picks a free port.
+    pub async fn mutual_tls(
+        addr: SocketAddr,
+        cert_chain_pem: &[u8],
+        key_pem: &[u8],
+        client_ca_pem: &[u8],
+    ) -> Result<Self> {
+        let config = mtls::server_config(cert_chain_pem, key_pem, client_ca_pem)?;
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+        Ok(Self::MutualTls { listener, config, http1: None })
+    }
+
+    /// Sends the `http/1.1` sessions of a mutual-TLS listener to `handler`; no effect on the
+    /// other kinds.
+    #[must_use]
+    pub fn with_http1(mut self, handler: mtls::Http1Handler) -> Self {
+        if let Self::MutualTls { http1, .. } = &mut self {
+            *http1 = Some(handler);
+        }
+        self
+    }
+
     /// The bound TCP address, or `None` for a UNIX socket.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         match self {
             Self::Unix { .. } => None,
-            Self::Tls { listener, .. } => listener.local_addr().ok(),
+            Self::Tls { listener, .. } | Self::MutualTls { listener, .. } => listener.local_addr().ok(),
         }
     }
 }
@@ -165,6 +216,75 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             )
             .await
         }
+        Listener::MutualTls { listener, config, http1 } => {
+            let addr =
+                listener.local_addr().map_err(|source| Error::io("local address", "tcp listener", source))?;
+            info!(%addr, http1 = http1.is_some(), "serving gRPC over mutual TLS");
+            let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<mtls::ServerStream>>(16);
+            let acceptor = tokio::spawn(accept_mutual_tls(listener, config, http1, tx, shutdown.clone()));
+            let result = drain(
+                Server::builder()
+                    .add_routes(routes)
+                    .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), stopping),
+                &shutdown,
+            )
+            .await;
+            acceptor.abort();
+            result
+        }
+    }
+}
+
+/// Accepts TCP connections and completes their TLS handshakes (bounded, each on its own
+/// task, so a slow client holds up no other): `h2` sessions go to `grpc`, `http/1.1` ones to
+/// the handler. A client without an acceptable certificate is refused in the handshake, and
+/// logged with its address.
+async fn accept_mutual_tls(
+    listener: tokio::net::TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    http1: Option<mtls::Http1Handler>,
+    grpc: tokio::sync::mpsc::Sender<std::io::Result<mtls::ServerStream>>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        // Small request/response RPCs stall ~40 ms per call on Nagle + delayed ACK without this.
+        let _ = stream.set_nodelay(true);
+        let (acceptor, http1, grpc) = (acceptor.clone(), http1.clone(), grpc.clone());
+        tokio::spawn(async move {
+            let session = match tokio::time::timeout(mtls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(session)) => session,
+                Ok(Err(error)) => {
+                    warn!(%peer, %error, "refused a TLS client");
+                    return;
+                }
+                Err(_) => {
+                    warn!(%peer, "a TLS client did not complete its handshake in time");
+                    return;
+                }
+            };
+            let alpn = session.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+            match (alpn.as_deref(), http1) {
+                (Some(mtls::ALPN_HTTP1), Some(handler)) => handler(session),
+                (Some(mtls::ALPN_HTTP1), None) => {
+                    warn!(%peer, "closing an http/1.1 session: this listener serves gRPC only");
+                }
+                _ => {
+                    let _ = grpc.send(Ok(session)).await;
+                }
+            }
+        });
     }
 }
 

@@ -1,0 +1,138 @@
+//! Mutual TLS: a server that takes only clients with a certificate from a given CA, and the
+//! client configuration that presents one.
+//!
+//! One listening port serves two protocols, told apart by ALPN after the handshake: `h2` is
+//! gRPC, `http/1.1` goes to an optional handler (the pod-runtime's streaming server for exec,
+//! attach and port-forward). Both have passed the same client-certificate check before a byte
+//! of either is read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// ALPN of gRPC.
+pub const ALPN_H2: &[u8] = b"h2";
+/// ALPN of the HTTP/1.1 upgrade requests of the streaming protocols.
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// How long a client may take to complete its handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS session a server accepted: the client has presented a certificate the CA signed.
+pub type ServerStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Takes the `http/1.1` sessions of a mutual-TLS listener.
+pub type Http1Handler = Arc<dyn Fn(ServerStream) + Send + Sync>;
+
+/// Errors of building a TLS configuration from PEM.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM input holds nothing usable.
+    #[error("{what}: {reason}")]
+    Pem {
+        /// Which input.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// rustls refused the combination.
+    #[error("{what}: {source}")]
+    Rustls {
+        /// What was being built.
+        what: &'static str,
+        /// Its error.
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certificates(what: &'static str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem { what, reason: e.to_string() })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem { what, reason: "no CERTIFICATE block".into() });
+    }
+    Ok(certs)
+}
+
+fn private_key(what: &'static str, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsError::Pem { what, reason: e.to_string() })
+}
+
+fn roots(what: &'static str, ca_pem: &[u8]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(what, ca_pem)? {
+        roots.add(cert).map_err(|source| TlsError::Rustls { what, source })?;
+    }
+    Ok(roots)
+}
+
+/// A server configuration that requires a client certificate signed by a CA of `client_ca_pem`
+/// and offers `h2` and `http/1.1`.
+pub fn server_config(
+    cert_chain_pem: &[u8],
+    key_pem: &[u8],
+    client_ca_pem: &[u8],
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots("the client CA", client_ca_pem)?),
+        provider(),
+    )
+    .build()
+    .map_err(|e| TlsError::Pem { what: "the client CA", reason: e.to_string() })?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Rustls { what: "TLS versions", source })?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            certificates("the server certificate", cert_chain_pem)?,
+            private_key("the server key", key_pem)?,
+        )
+        .map_err(|source| TlsError::Rustls { what: "the server certificate and key", source })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client configuration trusting only `ca_pem`, presenting `cert_pem`/`key_pem`, offering
+/// the ALPN protocols given.
+pub fn client_config(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    alpn: &[&[u8]],
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Rustls { what: "TLS versions", source })?
+        .with_root_certificates(roots("the server CA", ca_pem)?)
+        .with_client_auth_cert(
+            certificates("the client certificate", cert_pem)?,
+            private_key("the client key", key_pem)?,
+        )
+        .map_err(|source| TlsError::Rustls { what: "the client certificate and key", source })?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_pem_is_named() {
+        let err = server_config(b"junk", b"junk", b"junk").expect_err("junk refused");
+        assert!(err.to_string().contains("client CA"), "{err}");
+        let err = client_config(b"", b"", b"", &[ALPN_H2]).expect_err("empty refused");
+        assert!(err.to_string().contains("server CA"), "{err}");
+    }
+}
