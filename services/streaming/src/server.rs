@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AttachRequest, Backend, ExecRequest, PortForwardRequest};
@@ -65,6 +65,16 @@ impl StreamServer {
         Ok(format!("http://{}/{path}/{token}", self.addr))
     }
 
+    /// Serves one connection accepted elsewhere: a session of the pod-runtime's mutual-TLS
+    /// listener, over which a remote kubelet requests the path of a URL this server handed out
+    /// (its tokens are the same). Returns at once; the connection is served on its own task.
+    pub fn serve_connection<IO>(&self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        tokio::spawn(serve_connection(io, self.ctx.clone()));
+    }
+
     /// The URL for a CRI `ExecResponse` (single use, valid for one minute).
     pub fn exec_url(&self, req: ExecRequest) -> Result<String> {
         check_streams(&req.container_id, req.tty, req.stdin, req.stdout, req.stderr)?;
@@ -114,6 +124,7 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
         };
         match accepted {
             Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
                 tokio::spawn(serve_connection(stream, ctx.clone()));
             }
             Err(e) => {
@@ -125,8 +136,10 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
     tracing::info!("streaming server stopped");
 }
 
-async fn serve_connection(stream: TcpStream, ctx: Arc<Context>) {
-    let _ = stream.set_nodelay(true);
+async fn serve_connection<IO>(stream: IO, ctx: Arc<Context>)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let svc_ctx = ctx.clone();
     let svc = service_fn(move |req| handle(svc_ctx.clone(), req));
     let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).with_upgrades();
