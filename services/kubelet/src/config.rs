@@ -10,10 +10,13 @@ use k8s_openapi::api::core::v1::Taint;
 
 /// `hpk-kubelet`: register the node and run the pods bound to it.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("runtime").required(true).args(["runtime_socket", "runtime_endpoint"])))]
 pub struct KubeletArgs {
-    /// Kubeconfig of the node's identity (`system:node:<name>`, group `system:nodes`).
+    /// Kubeconfig of the node's identity (`system:node:<name>`, group `system:nodes`). Without
+    /// it, the in-cluster configuration (the pod's ServiceAccount), as a connector Deployment
+    /// runs.
     #[arg(long, env = "HPK_KUBECONFIG")]
-    pub kubeconfig: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
     /// The node's name; the host's name by default.
     #[arg(long, env = "HPK_NODE_NAME")]
     pub node_name: Option<String>,
@@ -22,7 +25,26 @@ pub struct KubeletArgs {
     pub node_ip: IpAddr,
     /// The pod-runtime's CRI socket.
     #[arg(long, env = "HPK_RUNTIME_SOCKET")]
-    pub runtime_socket: PathBuf,
+    pub runtime_socket: Option<PathBuf>,
+    /// A pod-runtime on another machine, `https://HOST:PORT` (its `--listen`), reached with
+    /// mutual TLS: connector mode. The node is named `hpk-connector` and tainted
+    /// `hpk.io/connector=true:NoSchedule` unless --node-name or --register-with-taint say
+    /// otherwise; its capacity is the runtime's allocation.
+    #[arg(long, env = "HPK_RUNTIME_ENDPOINT", value_parser = parse_endpoint,
+          requires_all = ["runtime_ca_file", "runtime_cert_file", "runtime_key_file"])]
+    pub runtime_endpoint: Option<String>,
+    /// The CA that signed the remote runtime's certificate.
+    #[arg(long, env = "HPK_RUNTIME_CA_FILE", requires = "runtime_endpoint")]
+    pub runtime_ca_file: Option<PathBuf>,
+    /// The client certificate (PEM) presented to the remote runtime.
+    #[arg(long, env = "HPK_RUNTIME_CERT_FILE", requires = "runtime_endpoint")]
+    pub runtime_cert_file: Option<PathBuf>,
+    /// Its key (PEM, 0600).
+    #[arg(long, env = "HPK_RUNTIME_KEY_FILE", requires = "runtime_endpoint")]
+    pub runtime_key_file: Option<PathBuf>,
+    /// The name the remote runtime's certificate must carry; the endpoint's host by default.
+    #[arg(long, env = "HPK_RUNTIME_SERVER_NAME", requires = "runtime_endpoint")]
+    pub runtime_server_name: Option<String>,
     /// The net-forwarder's socket: the node is Ready only while it serves.
     #[arg(long, env = "HPK_NET_FORWARDER_SOCKET")]
     pub net_forwarder_socket: Option<PathBuf>,
@@ -104,10 +126,29 @@ pub struct KubeletArgs {
 }
 
 impl KubeletArgs {
-    /// The node's name: the flag, else the host's name in lower case.
+    /// Whether the runtime is on another machine (connector mode).
+    pub fn connector(&self) -> bool {
+        self.runtime_endpoint.is_some()
+    }
+
+    /// The taint the Node is registered with: the flag, else a connector's.
+    pub fn taint(&self) -> Option<Taint> {
+        self.register_with_taint.clone().or_else(|| {
+            self.connector().then(|| Taint {
+                key: CONNECTOR_TAINT_KEY.to_owned(),
+                value: Some("true".to_owned()),
+                effect: "NoSchedule".to_owned(),
+                time_added: None,
+            })
+        })
+    }
+
+    /// The node's name: the flag, else `hpk-connector` in connector mode, else the host's name
+    /// in lower case.
     pub fn node_name(&self) -> Result<String, String> {
         let name = match &self.node_name {
             Some(name) => name.clone(),
+            None if self.connector() => CONNECTOR_NODE_NAME.to_owned(),
             None => nix::unistd::gethostname()
                 .map_err(|e| format!("reading the hostname: {e}"))?
                 .to_string_lossy()
@@ -128,6 +169,23 @@ impl KubeletArgs {
     /// The diagnostics socket.
     pub fn diagnostics_socket(&self) -> PathBuf {
         self.diagnostics_socket.clone().unwrap_or_else(|| self.root_dir.join("kubelet.sock"))
+    }
+}
+
+/// A connector's node name unless --node-name says otherwise.
+pub const CONNECTOR_NODE_NAME: &str = "hpk-connector";
+/// The key of the taint a connector's node carries unless --register-with-taint says otherwise.
+pub const CONNECTOR_TAINT_KEY: &str = "hpk.io/connector";
+
+/// `https://HOST:PORT`, nothing else.
+fn parse_endpoint(text: &str) -> Result<String, String> {
+    let uri: http::Uri = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let path_ok = uri.path_and_query().is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty());
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("https"), Some(authority)) if authority.port_u16().is_some() && path_ok => {
+            Ok(format!("https://{authority}"))
+        }
+        _ => Err(format!("{text:?} is not https://HOST:PORT")),
     }
 }
 
@@ -175,6 +233,15 @@ mod tests {
         }
         for bad in ["", "Node1", "node_1", "-a", "a-", "a..b", &"x".repeat(64)] {
             assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn endpoints_are_https_with_a_port() {
+        assert_eq!(parse_endpoint("https://10.1.2.3:7443").as_deref(), Ok("https://10.1.2.3:7443"));
+        assert_eq!(parse_endpoint("https://gpu-01.hpc:7443/").as_deref(), Ok("https://gpu-01.hpc:7443"));
+        for bad in ["http://10.1.2.3:7443", "https://10.1.2.3", "10.1.2.3:7443", "https://h:1/x", ""] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
     }
 

@@ -15,6 +15,7 @@ pub mod objects;
 pub mod pods;
 pub mod probes;
 pub mod quantity;
+pub mod remote_files;
 mod server;
 pub mod spec;
 pub mod volumes;

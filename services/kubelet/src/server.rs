@@ -33,6 +33,10 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
 
     let client = client(&args).await?;
     let cri = connect_runtime(&args, &shutdown).await?;
+    let remote_capacity = match &cri.remote {
+        Some(remote) => Some(remote_capacity(remote, args.max_pods).await?),
+        None => None,
+    };
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| node_name.clone());
@@ -44,11 +48,12 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         kubelet_port: args.kubelet_port,
         max_pods: args.max_pods,
         role: args.role.clone(),
-        taint: args.register_with_taint.clone(),
+        taint: args.taint(),
         root_dir: args.root_dir.clone(),
         net_forwarder_socket: args.net_forwarder_socket.clone(),
         disk_pressure_percent: args.disk_pressure_percent,
         env: None,
+        capacity: remote_capacity,
     };
     let (node_state, node_task) = node::start(client.clone(), cri.clone(), node_config, shutdown.clone())
         .await
@@ -94,9 +99,15 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
 }
 
 async fn client(args: &KubeletArgs) -> Result<kube::Client> {
-    let path = args.kubeconfig.display().to_string();
+    let Some(kubeconfig) = &args.kubeconfig else {
+        let bad = |reason: String| Error::Kubeconfig { path: "(in-cluster)".into(), reason };
+        let config =
+            kube::Config::incluster().map_err(|e| bad(format!("{e}; outside a pod, give --kubeconfig")))?;
+        return kube::Client::try_from(config).map_err(|e| bad(e.to_string()));
+    };
+    let path = kubeconfig.display().to_string();
     let bad = |reason: String| Error::Kubeconfig { path: path.clone(), reason };
-    let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig).map_err(|e| bad(e.to_string()))?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| bad(e.to_string()))?;
     let config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
             .await
@@ -104,13 +115,103 @@ async fn client(args: &KubeletArgs) -> Result<kube::Client> {
     kube::Client::try_from(config).map_err(|e| bad(e.to_string()))
 }
 
-/// Connects to the runtime, waiting a bounded time for its socket to answer `Version`.
+/// The remote runtime's allocation as the node's capacity.
+async fn remote_capacity(remote: &crate::cri::Remote, max_pods: u32) -> Result<node::Resources> {
+    let bad = |reason: String| Error::Runtime { socket: remote.stream.authority.clone(), reason };
+    let answer = remote
+        .api
+        .clone()
+        .allocation(hpk_proto::podruntime::v1::AllocationRequest {})
+        .await
+        .map_err(|status| bad(format!("asking for its allocation: {}", status.message())))?
+        .into_inner();
+    let resources = resources_from(&answer.capacity, max_pods).map_err(bad)?;
+    tracing::info!(source = %answer.source, ?resources, "the remote runtime's allocation");
+    Ok(resources)
+}
+
+/// Resources from quantities as the runtime's allocation gives them. CPU and memory must be
+/// there; pods is the smaller of the runtime's and --max-pods.
+fn resources_from(
+    capacity: &std::collections::HashMap<String, String>,
+    max_pods: u32,
+) -> std::result::Result<node::Resources, String> {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let get = |name: &str, required: bool| -> std::result::Result<Option<Quantity>, String> {
+        match capacity.get(name) {
+            Some(value) => Ok(Some(Quantity(value.clone()))),
+            None if required => Err(format!("its allocation gives no {name}")),
+            None => Ok(None),
+        }
+    };
+    let bad = |name: &str, e: crate::quantity::InvalidQuantity| format!("its allocation's {name}: {e}");
+    let units = |name: &str| -> std::result::Result<i64, String> {
+        get(name, false)?.map_or(Ok(0), |q| crate::quantity::units(&q).map_err(|e| bad(name, e)))
+    };
+    let millicpu =
+        crate::quantity::millicores(&get("cpu", true)?.unwrap_or_default()).map_err(|e| bad("cpu", e))?;
+    let memory =
+        crate::quantity::units(&get("memory", true)?.unwrap_or_default()).map_err(|e| bad("memory", e))?;
+    let pods = match get("pods", false)? {
+        Some(q) => crate::quantity::units(&q).map_err(|e| bad("pods", e))?.min(i64::from(max_pods)),
+        None => i64::from(max_pods),
+    };
+    if millicpu <= 0 || memory <= 0 || pods <= 0 {
+        return Err(format!(
+            "its allocation has no room for pods: cpu {millicpu}m, memory {memory}, pods {pods}"
+        ));
+    }
+    Ok(node::Resources {
+        millicpu,
+        memory,
+        ephemeral_storage: units("ephemeral-storage")?,
+        gpus: units(node::resources::GPU_RESOURCE)?,
+        pods,
+    })
+}
+
+/// Reads the remote runtime's credentials; the key must be 0600.
+fn remote_credentials(args: &KubeletArgs) -> Result<crate::cri::RemoteCredentials> {
+    let read = |flag: &str, path: &Option<std::path::PathBuf>, secret: bool| -> Result<Vec<u8>> {
+        let path = path.as_ref().ok_or_else(|| Error::Config(format!("--runtime-endpoint needs {flag}")))?;
+        if secret {
+            use std::os::unix::fs::MetadataExt;
+            let mode = std::fs::metadata(path)
+                .map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))?
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(Error::Config(format!(
+                    "{flag} {} has mode {:04o}; a private key must be 0600",
+                    path.display(),
+                    mode & 0o7777
+                )));
+            }
+        }
+        std::fs::read(path).map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))
+    };
+    Ok(crate::cri::RemoteCredentials {
+        ca: read("--runtime-ca-file", &args.runtime_ca_file, false)?,
+        cert: read("--runtime-cert-file", &args.runtime_cert_file, false)?,
+        key: read("--runtime-key-file", &args.runtime_key_file, true)?,
+        server_name: args.runtime_server_name.clone(),
+    })
+}
+
+/// Connects to the runtime, waiting a bounded time for it to answer `Version`.
 async fn connect_runtime(args: &KubeletArgs, shutdown: &CancellationToken) -> Result<Cri> {
-    let socket = args.runtime_socket.display().to_string();
+    let (socket, remote) = match (&args.runtime_socket, &args.runtime_endpoint) {
+        (_, Some(endpoint)) => (endpoint.clone(), Some(remote_credentials(args)?)),
+        (Some(path), None) => (path.display().to_string(), None),
+        (None, None) => return Err(Error::Config("give --runtime-socket or --runtime-endpoint".into())),
+    };
     let deadline = tokio::time::Instant::now() + RUNTIME_WAIT;
     let mut last = String::new();
     while tokio::time::Instant::now() < deadline && !shutdown.is_cancelled() {
-        match Cri::connect(&args.runtime_socket).await {
+        let connected = match &remote {
+            Some(creds) => Cri::connect_remote(&socket, creds),
+            None => Cri::connect(std::path::Path::new(&socket)).await,
+        };
+        match connected {
             Ok(cri) => {
                 let mut runtime = cri.runtime.clone();
                 match runtime.version(k8s_cri::v1::VersionRequest { version: String::new() }).await {
@@ -127,4 +228,44 @@ async fn connect_runtime(args: &KubeletArgs, shutdown: &CancellationToken) -> Re
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(Error::Runtime { socket, reason: format!("no answer within {}s: {last}", RUNTIME_WAIT.as_secs()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::resources_from;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn a_remote_allocation_becomes_the_nodes_capacity() {
+        let r = resources_from(
+            &map(&[
+                ("cpu", "4"),
+                ("memory", "16Gi"),
+                ("pods", "200"),
+                ("ephemeral-storage", "100Gi"),
+                ("nvidia.com/gpu", "2"),
+            ]),
+            110,
+        )
+        .expect("resources");
+        assert_eq!((r.millicpu, r.memory, r.pods, r.gpus), (4000, 16 << 30, 110, 2));
+        assert_eq!(r.ephemeral_storage, 100 << 30);
+        let r = resources_from(&map(&[("cpu", "500m"), ("memory", "1Gi")]), 110).expect("resources");
+        assert_eq!((r.millicpu, r.pods, r.gpus, r.ephemeral_storage), (500, 110, 0, 0));
+    }
+
+    #[test]
+    fn a_bad_allocation_is_refused_by_name() {
+        let err = resources_from(&map(&[("memory", "1Gi")]), 110).expect_err("no cpu");
+        assert!(err.contains("cpu"), "{err}");
+        let err = resources_from(&map(&[("cpu", "lots"), ("memory", "1Gi")]), 110).expect_err("bad cpu");
+        assert!(err.contains("cpu"), "{err}");
+        let err = resources_from(&map(&[("cpu", "0"), ("memory", "1Gi")]), 110).expect_err("no room");
+        assert!(err.contains("no room"), "{err}");
+    }
 }

@@ -136,6 +136,7 @@ fn config(ip: std::net::IpAddr, root_dir: &Path) -> NodeConfig {
         // This machine's disk may be fuller than the kubelet's default threshold.
         disk_pressure_percent: 1,
         env: Some(env),
+        capacity: None,
     }
 }
 

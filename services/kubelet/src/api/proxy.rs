@@ -33,10 +33,14 @@ pub fn require_upgrade(req: &Request<Incoming>) -> Result<(), ApiError> {
 }
 
 /// Proxies upgrade request `req` to `url` (`http://127.0.0.1:PORT/...` from the runtime);
-/// `session` counts the session as open until its bytes stop flowing.
+/// `session` counts the session as open until its bytes stop flowing. With `remote` (connector
+/// mode) the URL's path is requested over a mutual-TLS session to the remote runtime's port
+/// instead: its streaming server takes its sessions there, and its loopback address means
+/// nothing here.
 pub async fn upgrade(
     mut req: Request<Incoming>,
     url: &str,
+    remote: Option<&crate::cri::StreamLink>,
     session: super::metrics::Session,
 ) -> Result<Response<Body>, ApiError> {
     require_upgrade(&req)?;
@@ -49,19 +53,27 @@ pub async fn upgrade(
             ApiError::internal(format!("the runtime's streaming URL {url:?} is not http://HOST:PORT"))
         })?
         .clone();
-    let stream = tokio::time::timeout(BACKEND_TIMEOUT, tokio::net::TcpStream::connect(authority.as_str()))
-        .await
-        .map_err(|_| ApiError::unavailable("the runtime's streaming server did not accept in time"))?
-        .map_err(|e| ApiError::unavailable(format!("the runtime's streaming server: {e}")))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| ApiError::unavailable(format!("the runtime's streaming server: {e}")))?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.with_upgrades().await {
-            tracing::debug!(%error, "streaming backend connection ended");
+    let mut sender = match remote {
+        Some(link) => {
+            let stream = tokio::time::timeout(BACKEND_TIMEOUT, link.connect())
+                .await
+                .map_err(|_| ApiError::unavailable("the remote runtime did not accept in time"))?
+                .map_err(|e| {
+                    ApiError::unavailable(format!("the remote runtime at {}: {e}", link.authority))
+                })?;
+            handshake(stream).await?
         }
-    });
-
+        None => {
+            let stream =
+                tokio::time::timeout(BACKEND_TIMEOUT, tokio::net::TcpStream::connect(authority.as_str()))
+                    .await
+                    .map_err(|_| {
+                        ApiError::unavailable("the runtime's streaming server did not accept in time")
+                    })?
+                    .map_err(|e| ApiError::unavailable(format!("the runtime's streaming server: {e}")))?;
+            handshake(stream).await?
+        }
+    };
     let mut outgoing = Request::builder()
         .method(req.method().clone())
         .uri(target.path_and_query().map_or("/", http::uri::PathAndQuery::as_str))
@@ -126,4 +138,20 @@ pub async fn upgrade(
         tracing::debug!(?copied, "stream session ended");
     });
     Ok(response)
+}
+
+/// An HTTP/1.1 client connection on `stream`, driven on its own task with upgrades.
+async fn handshake<S>(stream: S) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, ApiError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the runtime's streaming server: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(%error, "streaming backend connection ended");
+        }
+    });
+    Ok(sender)
 }

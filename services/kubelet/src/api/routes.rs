@@ -272,7 +272,8 @@ impl KubeletApi {
                     stderr: q.stderr,
                 };
                 let url = ctx.cri.runtime.clone().exec(request).await.map_err(status_error)?.into_inner().url;
-                proxy::upgrade(req, &url, self.metrics.session()).await
+                proxy::upgrade(req, &url, ctx.cri.remote.as_ref().map(|r| &r.stream), self.metrics.session())
+                    .await
             }
             Route::Attach { namespace, pod, uid, container } => {
                 let q = StreamQuery::parse(req.uri().query())?;
@@ -289,7 +290,8 @@ impl KubeletApi {
                 };
                 let url =
                     ctx.cri.runtime.clone().attach(request).await.map_err(status_error)?.into_inner().url;
-                proxy::upgrade(req, &url, self.metrics.session()).await
+                proxy::upgrade(req, &url, ctx.cri.remote.as_ref().map(|r| &r.stream), self.metrics.session())
+                    .await
             }
             Route::PortForward { namespace, pod, uid } => {
                 let pod = lookup::pod(ctx, &namespace, &pod, uid.as_deref())?;
@@ -306,7 +308,8 @@ impl KubeletApi {
                     .map_err(status_error)?
                     .into_inner()
                     .url;
-                proxy::upgrade(req, &url, self.metrics.session()).await
+                proxy::upgrade(req, &url, ctx.cri.remote.as_ref().map(|r| &r.stream), self.metrics.session())
+                    .await
             }
         }
     }
@@ -366,6 +369,9 @@ impl KubeletApi {
                 "container \"{container}\" in pod \"{pod_name}\" has no log"
             )));
         }
+        if let Some(remote) = &ctx.cri.remote {
+            return remote_logs(remote, &chosen.id, &options, container, pod_name).await;
+        }
         let id = chosen.id.clone();
         let watcher = ctx.cri.runtime.clone();
         let running: logs::Running = Arc::new(move || {
@@ -393,6 +399,43 @@ impl KubeletApi {
             .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
         Ok(response)
     }
+}
+
+/// A container's log read by the remote runtime (connector mode): it renders the records as
+/// [`logs::open`] would here, and streams them.
+async fn remote_logs(
+    remote: &crate::cri::Remote,
+    container_id: &str,
+    options: &logs::LogOptions,
+    container: &str,
+    pod_name: &str,
+) -> Result<Response<Body>, ApiError> {
+    use hpk_proto::podruntime::v1::ReadLogRequest;
+    let request = ReadLogRequest {
+        container_id: container_id.to_owned(),
+        follow: options.follow,
+        tail_lines: options.tail_lines,
+        since_unix_nanos: options.since.map(|t| i64::try_from(t.unix_timestamp_nanos()).unwrap_or(i64::MAX)),
+        timestamps: options.timestamps,
+        limit_bytes: options.limit_bytes,
+        stream: options.stream.as_str().to_owned(),
+    };
+    let chunks = remote.api.clone().read_log(request).await.map_err(|status| match status.code() {
+        tonic::Code::NotFound => ApiError::not_found(format!(
+            "the log of container \"{container}\" in pod \"{pod_name}\" is gone: {}",
+            status.message()
+        )),
+        _ => status_error(status),
+    })?;
+    let body = chunks.into_inner().map(|chunk| match chunk {
+        Ok(chunk) => Ok(Frame::data(Bytes::from(chunk.data))),
+        Err(status) => Err(std::io::Error::other(format!("the remote runtime: {}", status.message()))),
+    });
+    let mut response = Response::new(BodyExt::boxed_unsync(http_body_util::StreamBody::new(body)));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    Ok(response)
 }
 
 fn status_error(status: tonic::Status) -> ApiError {

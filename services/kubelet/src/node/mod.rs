@@ -65,6 +65,9 @@ pub struct NodeConfig {
     /// The variables [`capacity`] reads (the Slurm allocation); `None` reads the process's
     /// environment.
     pub env: Option<HashMap<String, String>>,
+    /// The capacity as given: a remote runtime's allocation (connector mode). `None` measures
+    /// this machine and its allocation.
+    pub capacity: Option<Resources>,
 }
 
 /// What the pod side needs from the node.
@@ -137,9 +140,10 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<(watch::Receiver<NodeState>, tokio::task::JoinHandle<()>), NodeError> {
     let machine = Machine::read(&config.root_dir)?;
-    let capacity = match &config.env {
-        Some(vars) => capacity(&|k| vars.get(k).cloned(), &machine, config.max_pods),
-        None => capacity(&|k| std::env::var(k).ok(), &machine, config.max_pods),
+    let capacity = match (&config.capacity, &config.env) {
+        (Some(given), _) => given.clone(),
+        (None, Some(vars)) => capacity(&|k| vars.get(k).cloned(), &machine, config.max_pods),
+        (None, None) => capacity(&|k| std::env::var(k).ok(), &machine, config.max_pods),
     };
     let allocatable = allocatable(&capacity);
     info!(node = %config.name, ?capacity, "node capacity");

@@ -115,6 +115,7 @@ mod tests {
             net_forwarder_socket: None,
             disk_pressure_percent: 10,
             env: None,
+            capacity: None,
         }
     }
 

@@ -336,6 +336,10 @@ impl Worker {
             .map_err(|e| crate::node::error_chain(&e))?;
             mounts.push(hosts);
         }
+        if let Some(remote) = &self.ctx.cri.remote {
+            mounts =
+                crate::remote_files::ship(remote, &self.uid, &self.ctx.pod_dir(&self.uid), mounts).await?;
+        }
         let c = &self.containers[i];
         crate::spec::container_config(
             &self.pod,
