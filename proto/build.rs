@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "hpk/certsigner/v1/certsigner.proto",
     "hpk/kubelet/v1/kubelet.proto",
     "hpk/netforwarder/v1/netforwarder.proto",
+    "hpk/podruntime/v1/remote.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

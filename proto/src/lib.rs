@@ -30,5 +30,14 @@ pub mod netforwarder {
     }
 }
 
+/// `hpk.podruntime.v1`: what a kubelet on another machine needs of a pod-runtime besides CRI.
+pub mod podruntime {
+    /// Version 1 of the pod-runtime's remote contract (files, logs, allocation).
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("hpk.podruntime.v1");
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every HPK contract, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hpk_descriptor.bin"));
