@@ -3,6 +3,8 @@
 //! A CRI v1 runtime (issue 4, in progress):
 //! - [`server`]: `run` — the CRI `RuntimeService` and `ImageService` on a UNIX socket.
 //! - [`cri`]: the gRPC adapters; [`runtime`]: sandboxes, containers, their exits.
+//! - [`remote`]: `hpk.podruntime.v1.Remote` for a kubelet on another machine (files, logs,
+//!   allocation).
 //! - [`engine`]: the crun engine: OCI bundles, overlay roots, CRI logs, the mount namespace.
 //! - [`images`]: the OCI image store of the crun engine.
 //! - [`pause`]: the logic of `hpk-pause`, PID 1 of every sandbox.
@@ -13,5 +15,6 @@ pub mod engine;
 pub mod images;
 pub mod logshim;
 pub mod pause;
+pub mod remote;
 pub mod runtime;
 pub mod server;

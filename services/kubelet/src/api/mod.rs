@@ -1,11 +1,10 @@
 //! The kubelet API on `--kubelet-port` (10250): HTTPS with the serving certificate from the
 //! cert-signer, each request authenticated and authorized ([`auth`]), then routed
-//! ([`routes`]): container logs ([`logs`]), exec/attach/port-forward proxied to the runtime's
+//! ([`routes`]): container logs (`hpk_cri_logs`), exec/attach/port-forward proxied to the runtime's
 //! streaming server ([`proxy`]), `/stats/summary` and `/metrics/resource` ([`stats`]), the
 //! kubelet's own `/metrics` ([`metrics`]), `/pods`, `/healthz`.
 
 pub mod auth;
-pub mod logs;
 mod lookup;
 pub mod metrics;
 pub mod proxy;

@@ -5,6 +5,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use hpk_cri_logs as logs;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
@@ -12,7 +13,7 @@ use k8s_cri::v1 as cri;
 
 use super::auth::{self, Authenticator, Authorizer, Decision, User};
 use super::metrics::Metrics;
-use super::{ApiError, Body, Peer, full, logs, lookup, proxy, stats};
+use super::{ApiError, Body, Peer, full, lookup, proxy, stats};
 use crate::pods::{Context, lock};
 
 /// The kubelet API's state.

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+pub use hpk_node_resources::Filesystem;
 use k8s_openapi::api::core::v1::NodeCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -51,25 +52,9 @@ impl Check {
     }
 }
 
-/// Size and free space of a filesystem, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Filesystem {
-    /// Size.
-    pub total: i64,
-    /// Available to unprivileged users.
-    pub available: i64,
-}
-
 /// The filesystem holding `path`.
 pub fn filesystem(path: &Path) -> Result<Filesystem, NodeError> {
-    let stat = nix::sys::statvfs::statvfs(path).map_err(|e| NodeError::Read {
-        what: "filesystem size",
-        path: path.into(),
-        source: e.into(),
-    })?;
-    let fragment = i64::try_from(stat.fragment_size()).unwrap_or(i64::MAX);
-    let blocks = |n: u64| i64::try_from(n).unwrap_or(i64::MAX).saturating_mul(fragment);
-    Ok(Filesystem { total: blocks(stat.blocks()), available: blocks(stat.blocks_available()) })
+    Ok(hpk_node_resources::filesystem(path)?)
 }
 
 /// `MemAvailable` of /proc/meminfo, in bytes.

@@ -1,177 +1,36 @@
-//! The node's capacity: what the Slurm allocation grants, else what the machine has.
+//! The node's capacity (`hpk-node-resources`), as the Node's status wants it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use tracing::warn;
+
+pub use hpk_node_resources::{GPU_RESOURCE, Machine, Resources, capacity, meminfo_bytes};
 
 use super::NodeError;
 
-/// The extended resource a GPU is advertised as.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-
-/// The variables that list the allocation's GPUs, most authoritative first.
-const GPU_LISTS: [&str; 4] =
-    ["SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"];
-
-/// Amounts of the resources a node advertises.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resources {
-    /// CPU in millicores.
-    pub millicpu: i64,
-    /// Memory in bytes.
-    pub memory: i64,
-    /// Ephemeral storage (the filesystem of the kubelet's state directory) in bytes.
-    pub ephemeral_storage: i64,
-    /// GPUs, advertised as `nvidia.com/gpu` when there are any.
-    pub gpus: i64,
-    /// Pods the node takes at most.
-    pub pods: i64,
+/// [`Resources`] as `status.capacity` / `status.allocatable` want them.
+pub trait ToQuantities {
+    /// Each resource's quantity by name; `nvidia.com/gpu` left out when there are none.
+    fn to_quantities(&self) -> BTreeMap<String, Quantity>;
 }
 
-impl Resources {
-    /// As `status.capacity` / `status.allocatable` want them. `nvidia.com/gpu` is left out when
-    /// there are none, as a node without the device plugin shows it.
-    pub fn to_quantities(&self) -> BTreeMap<String, Quantity> {
-        let mut map = BTreeMap::new();
-        map.insert("cpu".to_owned(), Quantity(cpu_quantity(self.millicpu)));
-        map.insert("memory".to_owned(), Quantity(bytes_quantity(self.memory)));
-        map.insert("ephemeral-storage".to_owned(), Quantity(bytes_quantity(self.ephemeral_storage)));
-        map.insert("pods".to_owned(), Quantity(self.pods.to_string()));
-        if self.gpus > 0 {
-            map.insert(GPU_RESOURCE.to_owned(), Quantity(self.gpus.to_string()));
-        }
-        map
-    }
-}
-
-/// `3000` → `3`, `1500` → `1500m`.
-fn cpu_quantity(millicpu: i64) -> String {
-    if millicpu % 1000 == 0 { (millicpu / 1000).to_string() } else { format!("{millicpu}m") }
-}
-
-/// The largest binary suffix that divides the amount exactly: `2147483648` → `2Gi`.
-fn bytes_quantity(bytes: i64) -> String {
-    for (suffix, shift) in [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
-        let unit = 1i64 << shift;
-        if bytes != 0 && bytes % unit == 0 {
-            return format!("{}{suffix}", bytes / unit);
-        }
-    }
-    bytes.to_string()
-}
-
-/// The machine's own figures, the fallback for whatever the allocation does not say.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Machine {
-    /// CPUs this process may run on (affinity and cgroup quota considered).
-    pub cpus: u32,
-    /// `MemTotal` of /proc/meminfo, in bytes.
-    pub memory: i64,
-    /// Size of the filesystem holding the kubelet's state directory, in bytes.
-    pub disk: i64,
-}
-
-impl Machine {
-    /// Reads the figures from the system; `root_dir` is the kubelet's state directory.
-    pub fn read(root_dir: &Path) -> Result<Self, NodeError> {
-        let cpus = std::thread::available_parallelism().map_err(|source| NodeError::Read {
-            what: "available CPUs",
-            path: "sched_getaffinity".into(),
-            source,
-        })?;
-        let meminfo = read_text(Path::new("/proc/meminfo"))?;
-        let memory = meminfo_bytes(&meminfo, "MemTotal")
-            .ok_or_else(|| NodeError::Parse { what: "MemTotal", path: "/proc/meminfo".into() })?;
-        let disk = super::conditions::filesystem(root_dir)?.total;
-        Ok(Self { cpus: u32::try_from(cpus.get()).unwrap_or(u32::MAX), memory, disk })
+impl ToQuantities for Resources {
+    fn to_quantities(&self) -> BTreeMap<String, Quantity> {
+        self.to_strings().into_iter().map(|(name, value)| (name, Quantity(value))).collect()
     }
 }
 
 /// A whole file as text.
 pub(crate) fn read_text(path: &Path) -> Result<String, NodeError> {
-    std::fs::read_to_string(path).map_err(|source| NodeError::Read {
-        what: "file",
-        path: path.into(),
-        source,
-    })
+    Ok(hpk_node_resources::read_text(path)?)
 }
 
-/// A `Key:   123 kB` line of /proc/meminfo, in bytes.
-pub(crate) fn meminfo_bytes(meminfo: &str, key: &str) -> Option<i64> {
-    let line = meminfo.lines().find(|l| l.split(':').next() == Some(key))?;
-    let mut fields = line.split(':').nth(1)?.split_whitespace();
-    let value: i64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        Some("kB") => value.checked_mul(1024),
-        None => Some(value),
-        Some(_) => None,
-    }
-}
-
-/// The node's capacity from the Slurm allocation (`env` reads a variable), the machine's
-/// figures for whatever Slurm does not say or says badly. Never fails: a garbage value is
-/// logged with the variable's name and ignored.
-pub fn capacity(env: &dyn Fn(&str) -> Option<String>, machine: &Machine, max_pods: u32) -> Resources {
-    let cpus = positive(env, "SLURM_CPUS_ON_NODE").unwrap_or(i64::from(machine.cpus));
-    let memory = slurm_memory(env, cpus).unwrap_or(machine.memory);
-    Resources {
-        millicpu: cpus.saturating_mul(1000),
-        memory,
-        ephemeral_storage: machine.disk,
-        gpus: gpus(env),
-        pods: i64::from(max_pods),
-    }
-}
-
-/// Memory from `SLURM_MEM_PER_NODE` (MB, Slurm's MB being MiB), else `SLURM_MEM_PER_CPU` × CPUs.
-/// Slurm writes 0 for "all of the node's memory": that says nothing, so the machine's figure
-/// stands.
-fn slurm_memory(env: &dyn Fn(&str) -> Option<String>, cpus: i64) -> Option<i64> {
-    let mib = positive(env, "SLURM_MEM_PER_NODE")
-        .or_else(|| positive(env, "SLURM_MEM_PER_CPU").map(|per_cpu| per_cpu.saturating_mul(cpus)))?;
-    Some(mib.saturating_mul(1 << 20))
-}
-
-/// GPUs: `SLURM_GPUS_ON_NODE`, else the length of the first GPU list that is set.
-fn gpus(env: &dyn Fn(&str) -> Option<String>) -> i64 {
-    if let Some(n) = count(env, "SLURM_GPUS_ON_NODE") {
-        return n;
-    }
-    GPU_LISTS.iter().find_map(|var| env(var).map(|list| gpu_list_len(var, &list))).unwrap_or(0)
-}
-
-/// Entries of a device list (`0,1,3`, `GPU-<uuid>,MIG-<uuid>`), counted as CUDA reads it: up
-/// to the first entry that is not a device. Slurm writes `NoDevFiles` when it grants none.
-fn gpu_list_len(var: &str, list: &str) -> i64 {
-    let mut n = 0;
-    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let device = entry.parse::<u32>().is_ok() || entry.starts_with("GPU-") || entry.starts_with("MIG-");
-        if !device {
-            if entry != "NoDevFiles" && entry != "-1" {
-                warn!(variable = var, value = list, "ignoring what follows a non-device entry");
-            }
-            break;
-        }
-        n += 1;
-    }
-    n
-}
-
-/// A variable holding a count greater than zero; garbage is logged and ignored.
-fn positive(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<i64> {
-    count(env, var).filter(|n| *n > 0)
-}
-
-/// A variable holding a non-negative integer; garbage is logged and ignored.
-fn count(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<i64> {
-    let value = env(var)?;
-    match value.trim().parse::<i64>() {
-        Ok(n) if n >= 0 => Some(n),
-        _ => {
-            warn!(variable = var, value = %value, "not a count; using the machine's figure");
-            None
+impl From<hpk_node_resources::Error> for NodeError {
+    fn from(error: hpk_node_resources::Error) -> Self {
+        match error {
+            hpk_node_resources::Error::Read { what, path, source } => Self::Read { what, path, source },
+            hpk_node_resources::Error::Parse { what, path } => Self::Parse { what, path },
         }
     }
 }
@@ -180,117 +39,21 @@ fn count(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<i64> {
 mod tests {
     use super::*;
 
-    const GIB: i64 = 1 << 30;
-
-    fn machine() -> Machine {
-        Machine { cpus: 8, memory: 16 * GIB, disk: 100 * GIB }
-    }
-
-    fn with(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
-        move |key| vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
-    }
-
-    fn cap(vars: &[(&str, &str)]) -> Resources {
-        capacity(&with(vars), &machine(), 110)
-    }
-
     #[test]
-    fn outside_slurm_the_machine_counts() {
-        let r = cap(&[]);
-        assert_eq!(
-            r,
-            Resources { millicpu: 8000, memory: 16 * GIB, ephemeral_storage: 100 * GIB, gpus: 0, pods: 110 }
-        );
-    }
-
-    #[test]
-    fn slurm_cpus_and_memory_per_node() {
-        let r = cap(&[("SLURM_CPUS_ON_NODE", "3"), ("SLURM_MEM_PER_NODE", "2048")]);
-        assert_eq!((r.millicpu, r.memory), (3000, 2 * GIB));
-        assert_eq!(r.ephemeral_storage, 100 * GIB, "Slurm says nothing of disk");
-    }
-
-    #[test]
-    fn memory_per_cpu_times_cpus() {
-        let r = cap(&[("SLURM_CPUS_ON_NODE", "4"), ("SLURM_MEM_PER_CPU", "512")]);
-        assert_eq!(r.memory, 2 * GIB);
-        let r = cap(&[("SLURM_MEM_PER_CPU", "1024")]);
-        assert_eq!(r.memory, 8 * GIB, "the machine's CPUs when Slurm gives none");
-    }
-
-    #[test]
-    fn per_node_wins_over_per_cpu_and_zero_means_the_machine() {
-        let r = cap(&[
-            ("SLURM_CPUS_ON_NODE", "2"),
-            ("SLURM_MEM_PER_NODE", "1024"),
-            ("SLURM_MEM_PER_CPU", "4096"),
-        ]);
-        assert_eq!(r.memory, GIB);
-        assert_eq!(cap(&[("SLURM_MEM_PER_NODE", "0")]).memory, 16 * GIB);
-    }
-
-    #[test]
-    fn garbage_falls_back_to_the_machine() {
-        let r = cap(&[
-            ("SLURM_CPUS_ON_NODE", "abc"),
-            ("SLURM_MEM_PER_NODE", "lots"),
-            ("SLURM_MEM_PER_CPU", "-5"),
-            ("SLURM_GPUS_ON_NODE", "x"),
-        ]);
-        assert_eq!((r.millicpu, r.memory, r.gpus), (8000, 16 * GIB, 0));
-        assert_eq!(cap(&[("SLURM_CPUS_ON_NODE", "0")]).millicpu, 8000);
-        assert_eq!(cap(&[("SLURM_CPUS_ON_NODE", "99999999999999999999")]).millicpu, 8000);
-    }
-
-    #[test]
-    fn gpus_from_each_variable() {
-        assert_eq!(cap(&[("SLURM_GPUS_ON_NODE", "2")]).gpus, 2);
-        assert_eq!(cap(&[("SLURM_JOB_GPUS", "0,1,2")]).gpus, 3);
-        assert_eq!(cap(&[("SLURM_STEP_GPUS", "5")]).gpus, 1);
-        assert_eq!(cap(&[("CUDA_VISIBLE_DEVICES", "GPU-1a2b,MIG-3c4d")]).gpus, 2);
-        assert_eq!(cap(&[("GPU_DEVICE_ORDINAL", "0,1,2,3")]).gpus, 4);
-        assert_eq!(cap(&[("SLURM_GPUS_ON_NODE", "1"), ("SLURM_JOB_GPUS", "0,1")]).gpus, 1);
-        assert_eq!(cap(&[("SLURM_JOB_GPUS", "0,1"), ("CUDA_VISIBLE_DEVICES", "0")]).gpus, 2);
-    }
-
-    #[test]
-    fn gpu_lists_that_grant_none_or_are_odd() {
-        assert_eq!(cap(&[("CUDA_VISIBLE_DEVICES", "NoDevFiles")]).gpus, 0);
-        assert_eq!(cap(&[("CUDA_VISIBLE_DEVICES", "")]).gpus, 0);
-        assert_eq!(cap(&[("CUDA_VISIBLE_DEVICES", "0,-1,1")]).gpus, 1, "CUDA stops at -1");
-        assert_eq!(cap(&[("CUDA_VISIBLE_DEVICES", "0, 1 ,")]).gpus, 2);
-        assert_eq!(cap(&[("SLURM_GPUS_ON_NODE", "many"), ("SLURM_JOB_GPUS", "0,1")]).gpus, 2);
-    }
-
-    #[test]
-    fn quantities_as_kubectl_shows_them() {
-        let r = Resources { millicpu: 3000, memory: 2 * GIB, ephemeral_storage: 12345, gpus: 2, pods: 110 };
+    fn quantities_are_the_crate_s_strings() {
+        let r = Resources { millicpu: 1500, memory: 2 << 30, ephemeral_storage: 12345, gpus: 2, pods: 110 };
         let q = r.to_quantities();
         let get = |k: &str| q.get(k).map(|q| q.0.as_str());
-        assert_eq!(get("cpu"), Some("3"));
+        assert_eq!(get("cpu"), Some("1500m"));
         assert_eq!(get("memory"), Some("2Gi"));
-        assert_eq!(get("ephemeral-storage"), Some("12345"));
-        assert_eq!(get("nvidia.com/gpu"), Some("2"));
-        assert_eq!(get("pods"), Some("110"));
-        let none = Resources { gpus: 0, millicpu: 1500, ..r }.to_quantities();
-        assert!(!none.contains_key(GPU_RESOURCE));
-        assert_eq!(none.get("cpu").map(|q| q.0.as_str()), Some("1500m"));
+        assert_eq!(get(GPU_RESOURCE), Some("2"));
+        assert_eq!(q.len(), r.to_strings().len());
     }
 
     #[test]
-    fn meminfo_lines() {
-        let text =
-            "MemTotal:       16316412 kB\nMemFree:  1 kB\nMemAvailable:    8000000 kB\nHugePages_Total: 0\n";
-        assert_eq!(meminfo_bytes(text, "MemTotal"), Some(16_316_412 * 1024));
-        assert_eq!(meminfo_bytes(text, "MemAvailable"), Some(8_000_000 * 1024));
-        assert_eq!(meminfo_bytes(text, "HugePages_Total"), Some(0));
-        assert_eq!(meminfo_bytes(text, "Mem"), None);
-    }
-
-    #[test]
-    fn the_machine_reads() {
-        let m = Machine::read(Path::new("/")).unwrap();
-        assert!(m.cpus >= 1 && m.memory > 0 && m.disk > 0, "{m:?}");
+    fn read_errors_keep_what_and_where() {
+        let error = NodeError::from(Machine::read(Path::new("/nonexistent/hpk")).unwrap_err());
+        assert!(matches!(error, NodeError::Read { what: "filesystem size", .. }), "{error:?}");
+        assert!(matches!(read_text(Path::new("/nonexistent/f")), Err(NodeError::Read { .. })));
     }
 }

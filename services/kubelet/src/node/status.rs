@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::NodeConfig;
 use super::conditions::Check;
-use super::resources::{GPU_RESOURCE, Resources};
+use super::resources::{GPU_RESOURCE, Resources, ToQuantities};
 
 /// Pushed at least this often even when nothing changed.
 pub const REFRESH: Duration = Duration::from_secs(60);

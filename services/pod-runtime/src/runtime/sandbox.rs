@@ -188,10 +188,27 @@ impl Runtime {
         }
         let mut state = self.state.lock().await;
         self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);
-        state.sandboxes.remove(&id);
+        let removed = state.sandboxes.remove(&id);
+        let last_of_pod = removed.and_then(|s| s.config.metadata).map(|m| m.uid).filter(|uid| {
+            !state.sandboxes.values().any(|s| s.config.metadata.as_ref().is_some_and(|m| &m.uid == uid))
+        });
         drop(state);
         info!(sandbox = %id, "sandbox removed");
+        if let Some(uid) = last_of_pod {
+            self.remove_pod_files(&uid);
+        }
         Ok(())
+    }
+
+    /// Removes what a remote kubelet stored for the pod (`crate::remote::files`) once its last
+    /// sandbox is gone. Best effort: the sandbox is removed either way.
+    fn remove_pod_files(&self, uid: &str) {
+        let pod_files = self.config.root.join(crate::remote::files::POD_FILES);
+        match crate::remote::files::remove_pod(&pod_files, uid) {
+            // A UID that is not one cannot have files stored.
+            Ok(()) | Err(crate::remote::Error::Invalid(_)) => {}
+            Err(error) => warn!(pod = uid, %error, "cannot remove the pod's files"),
+        }
     }
 
     pub(crate) async fn resolve_sandbox(&self, wanted: &str) -> Result<String> {

@@ -26,6 +26,16 @@ impl LogStream {
             Self::Stderr => "Stderr",
         }
     }
+
+    /// The value Kubernetes names `name` (`All`, `Stdout` or `Stderr`, exactly), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "All" => Some(Self::All),
+            "Stdout" => Some(Self::Stdout),
+            "Stderr" => Some(Self::Stderr),
+            _ => None,
+        }
+    }
 }
 
 /// What a client asked of a container's log (Kubernetes' `PodLogOptions`).
@@ -142,12 +152,7 @@ impl LogOptions {
 }
 
 fn parse_stream(value: String) -> Result<LogStream, QueryError> {
-    match value.as_str() {
-        "All" => Ok(LogStream::All),
-        "Stdout" => Ok(LogStream::Stdout),
-        "Stderr" => Ok(LogStream::Stderr),
-        _ => Err(QueryError::Stream(value)),
-    }
+    LogStream::from_name(&value).ok_or(QueryError::Stream(value))
 }
 
 fn flag(name: &'static str, value: Option<String>) -> Result<bool, QueryError> {
@@ -275,6 +280,15 @@ mod tests {
             parse("stream=stdout"),
             Err("query parameter stream must be All, Stdout or Stderr, not \"stdout\"".to_owned())
         );
+    }
+
+    #[test]
+    fn stream_names_round_trip_exactly() {
+        for stream in [LogStream::All, LogStream::Stdout, LogStream::Stderr] {
+            assert_eq!(LogStream::from_name(stream.as_str()), Some(stream));
+        }
+        assert_eq!(LogStream::from_name("stdout"), None);
+        assert_eq!(LogStream::from_name(""), None);
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! Container logs, as the kubelet serves `/containerLogs/{namespace}/{pod}/{container}`.
 //!
+//! Shared by the kubelet (its own API, the log file on its machine) and the pod-runtime
+//! (`hpk.podruntime.v1.Remote/ReadLog`, for a kubelet on another machine), so both render a
+//! log the same way.
+//!
 //! [`LogOptions::from_query`] reads the request's query; [`open`] (or [`stream`]) turns the
 //! container's log file, in the CRI format (`<RFC3339Nano> <stdout|stderr> <P|F> <content>`
 //! per line), into the bytes the client receives: records filtered by stream and `since`,

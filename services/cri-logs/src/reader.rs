@@ -12,10 +12,10 @@ use tokio::fs::File;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::time::Instant;
 
-use super::options::LogOptions;
-use super::record::{Record, Render};
-use super::tail::{CHUNK, tail_start};
-use super::watch::Watcher;
+use crate::options::LogOptions;
+use crate::record::{Record, Render};
+use crate::tail::{CHUNK, tail_start};
+use crate::watch::Watcher;
 
 /// Answers "is the container still running?"; asked only while following.
 pub type Running = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;

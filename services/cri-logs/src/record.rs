@@ -3,7 +3,7 @@
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::options::{LogOptions, LogStream};
+use crate::options::{LogOptions, LogStream};
 
 /// The output stream a record was written to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
