@@ -31,15 +31,11 @@ pub fn put(pod_files: &Path, request: &PutFilesRequest, max_content: usize) -> R
     let target = uid_dir.join(plan.key);
     private_dir(pod_files)?;
     private_dir(&uid_dir)?;
+    // Before looking at the target: its parents must be ours, not links.
+    let parent = key_parent(&uid_dir, plan.key)?;
     if exists(&target)? {
         return Ok(target);
     }
-    let parent = target.parent().expect("a key has at least one component");
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(parent)
-        .map_err(|e| Error::io("create", parent, e))?;
     let staging = parent.join(staging_name(plan.key)?);
     let placed = write_root(&staging, &plan.root).and_then(|()| place(&staging, &target));
     match placed {
@@ -101,11 +97,23 @@ fn private_dir(path: &Path) -> Result<()> {
             if meta.is_dir() {
                 Ok(())
             } else {
-                Err(Error::io("use as a directory", path, io::Error::other("not a directory")))
+                Err(Error::io("use as a directory", path, io::Error::other("it is a file or a link")))
             }
         }
         Err(e) => Err(Error::io("create", path, e)),
     }
+}
+
+/// Creates the key's parent directories below the pod's (0700), refusing any that is not a
+/// real directory: a link there, left by a container in a writable tree stored under a
+/// shorter key, would lead the write (or the answered path) out of the pod's directory.
+fn key_parent(uid_dir: &Path, key: &str) -> Result<PathBuf> {
+    let mut dir = uid_dir.to_owned();
+    for component in validate::ancestors(key).last().into_iter().flat_map(|parent| parent.split('/')) {
+        dir.push(component);
+        private_dir(&dir)?;
+    }
+    Ok(dir)
 }
 
 fn exists(path: &Path) -> Result<bool> {

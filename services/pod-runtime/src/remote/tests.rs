@@ -256,6 +256,24 @@ fn a_failed_write_leaves_no_staging_copy() {
 }
 
 #[test]
+fn a_link_left_in_a_stored_tree_is_not_followed_by_a_later_key() {
+    let root = tempfile::tempdir().unwrap();
+    let pod_files = root.path().join("pod-files");
+    let outside = root.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("there"), "host file").unwrap();
+    let volume = put(&pod_files, &tree("empty-dir", vec![]), MAX_MESSAGE).unwrap();
+    // A container wrote this into its emptyDir.
+    std::os::unix::fs::symlink(&outside, volume.join("x")).unwrap();
+    for key in ["empty-dir/x/evil", "empty-dir/x/there"] {
+        let error = put(&pod_files, &single(key, "x", 0), MAX_MESSAGE).unwrap_err();
+        assert!(error.to_string().contains("is a file or a link"), "{error}");
+    }
+    assert_eq!(listing(&outside), ["there"], "nothing written out");
+    assert_eq!(fs::read_to_string(outside.join("there")).unwrap(), "host file");
+}
+
+#[test]
 fn remove_pod_files_removes_everything_and_follows_no_link() {
     let root = tempfile::tempdir().unwrap();
     let pod_files = root.path().join("pod-files");
