@@ -2,6 +2,7 @@
 //! kube-scheduler, each its own process, from the multi-call binary `controlplane/build.sh` makes.
 
 use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -317,6 +318,29 @@ impl ControlPlane {
 }
 
 impl ControlPlane {
+    /// Writes a kubeconfig (0600) that authenticates with bearer `token` (a ServiceAccount's,
+    /// as a pod would use it in the cluster) as `user`; returns its path.
+    pub fn token_kubeconfig(&self, user: &str, token: &str) -> Result<PathBuf> {
+        let path = self.dir.path().join(format!("{user}.kubeconfig"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: hpk-test\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+             users:\n- name: {user}\n  user:\n    token: {token}\n\
+             contexts:\n- name: hpk-test\n  context:\n    cluster: hpk-test\n    user: {user}\ncurrent-context: hpk-test\n",
+            server = self.api_url,
+            ca = self.pki.server_ca().cert.display(),
+        );
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::io("create", path.display(), e))?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
+            .map_err(|e| Error::io("write", path.display(), e))?;
+        Ok(path)
+    }
+
     /// Routes every Node's podCIDR from the control-plane host via the Node's InternalIP, as a
     /// flat node network would: pods reaching the API server through the `kubernetes` Service
     /// (kube-proxy DNATs without masquerading pod sources) and the API server reaching pods

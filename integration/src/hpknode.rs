@@ -245,28 +245,27 @@ impl Drop for HpkNode {
         // crictl (from scripts/setup.sh), then the runtime and the net-forwarder.
         self.kubelet.take();
         if self.runtime.is_some() {
-            let endpoint = format!("unix://{}", self.runtime_socket.display());
-            for args in [&["stopp", "--all"][..], &["rmp", "--all", "--force"][..]] {
-                let removed = Command::new("crictl")
-                    .args([
-                        "--runtime-endpoint",
-                        &endpoint,
-                        "--image-endpoint",
-                        &endpoint,
-                        "--timeout",
-                        "30s",
-                    ])
-                    .args(args)
-                    .output();
-                if removed.is_err() {
-                    tracing::warn!(node = %self.host.name, "crictl missing: the node's pods were not removed");
-                    break;
-                }
-            }
+            remove_all_pods(&self.runtime_socket, &self.host.name);
         }
         self.runtime.take();
         self.net_forwarder.take();
         // Its rules go with the host's namespace.
         self.kube_proxy.take();
+    }
+}
+
+/// Stops and removes every pod sandbox of the runtime on `socket` through crictl (from
+/// scripts/setup.sh), as a node's teardown does before the runtime stops.
+pub fn remove_all_pods(socket: &Path, host: &str) {
+    let endpoint = format!("unix://{}", socket.display());
+    for args in [&["stopp", "--all"][..], &["rmp", "--all", "--force"][..]] {
+        let removed = Command::new("crictl")
+            .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "--timeout", "30s"])
+            .args(args)
+            .output();
+        if removed.is_err() {
+            tracing::warn!(node = %host, "crictl missing: the node's pods were not removed");
+            break;
+        }
     }
 }

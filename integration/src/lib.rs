@@ -14,6 +14,7 @@
 //! Everything a harness object creates it removes when dropped, also while a test panics.
 
 pub mod clusterdns;
+pub mod connector;
 pub mod controlplane;
 mod error;
 pub mod hpknode;

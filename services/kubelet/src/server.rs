@@ -37,9 +37,13 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         Some(remote) => Some(remote_capacity(remote, args.max_pods).await?),
         None => None,
     };
-    let hostname = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| node_name.clone());
+    // A connector's host is whichever pod runs it: its name would change with each restart.
+    let hostname = match args.connector() {
+        true => node_name.clone(),
+        false => nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| node_name.clone()),
+    };
     let api = crate::api::prepare(&args, &node_name, &hostname, &shutdown).await?;
     let node_config = NodeConfig {
         name: node_name.clone(),
@@ -174,20 +178,7 @@ fn resources_from(
 fn remote_credentials(args: &KubeletArgs) -> Result<crate::cri::RemoteCredentials> {
     let read = |flag: &str, path: &Option<std::path::PathBuf>, secret: bool| -> Result<Vec<u8>> {
         let path = path.as_ref().ok_or_else(|| Error::Config(format!("--runtime-endpoint needs {flag}")))?;
-        if secret {
-            use std::os::unix::fs::MetadataExt;
-            let mode = std::fs::metadata(path)
-                .map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))?
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(Error::Config(format!(
-                    "{flag} {} has mode {:04o}; a private key must be 0600",
-                    path.display(),
-                    mode & 0o7777
-                )));
-            }
-        }
-        std::fs::read(path).map_err(|e| Error::Config(format!("{flag} {}: {e}", path.display())))
+        hpk_rpc::mtls::read_pem_file(flag, path, secret).map_err(Error::Config)
     };
     Ok(crate::cri::RemoteCredentials {
         ca: read("--runtime-ca-file", &args.runtime_ca_file, false)?,

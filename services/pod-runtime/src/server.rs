@@ -45,6 +45,24 @@ pub struct ServeArgs {
     /// loopback only.
     #[arg(long, env = "HPK_NET_FORWARDER_SOCKET")]
     pub net_forwarder_socket: Option<PathBuf>,
+    /// Also serve CRI, the streaming sessions and `hpk.podruntime.v1.Remote` on this TCP
+    /// address with mutual TLS, for a kubelet on another machine (connector mode). Only clients
+    /// with a certificate from --client-ca-file get past the handshake.
+    #[arg(long, env = "HPK_POD_RUNTIME_LISTEN", requires_all = ["tls_cert_file", "tls_private_key_file", "client_ca_file"])]
+    pub listen: Option<std::net::SocketAddr>,
+    /// The certificate chain (PEM) of --listen; its SANs must name the address the kubelet dials.
+    #[arg(long, env = "HPK_POD_RUNTIME_TLS_CERT_FILE", requires = "listen")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file (PEM, 0600).
+    #[arg(long, env = "HPK_POD_RUNTIME_TLS_KEY_FILE", requires = "listen")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// The CA whose client certificates --listen accepts: the cluster's client CA (the
+    /// cert-signer's client profile) or one the operator runs.
+    #[arg(long, env = "HPK_POD_RUNTIME_CLIENT_CA_FILE", requires = "listen")]
+    pub client_ca_file: Option<PathBuf>,
+    /// The most pods this node runs, as the Allocation a remote kubelet asks for reports it.
+    #[arg(long, env = "HPK_MAX_PODS", default_value_t = 110)]
+    pub max_pods: u32,
     /// The host's cgroup mode, detected by `main` before it hid anything.
     #[arg(skip = crate::engine::CgroupMode::V1)]
     pub cgroup_mode: crate::engine::CgroupMode,
@@ -69,7 +87,7 @@ pub enum Error {
 
 /// Serves CRI until `shutdown`. Sandboxes and containers keep running after the runtime exits.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Error> {
-    let pause_binary = match args.pause_binary {
+    let pause_binary = match args.pause_binary.clone() {
         Some(path) => path,
         None => std::env::current_exe()
             .map_err(|e| Error::Config(format!("locating hpk-pause: {e}")))?
@@ -115,6 +133,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
             .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
         network: args.net_forwarder_socket.as_deref().map(runtime::PodNetwork::new),
         engine,
+        pod_logs_root: args.listen.is_some().then(|| args.root.join("pod-logs")),
     };
     let runtime = Runtime::new(config, crun, images)?;
     runtime.recover().await?;
@@ -128,17 +147,53 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
     for limit in crate::engine::limits_not_enforced(args.cgroup_mode) {
         tracing::warn!(%limit, "resource limits");
     }
-    let services = hpk_rpc::Services::new()
-        .with(
-            RuntimeServiceServer::new(RuntimeApi(runtime.clone()))
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-        .with(
-            ImageServiceServer::new(Images(runtime))
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        );
-    hpk_rpc::serve(hpk_rpc::Listener::unix(&args.socket)?, services, shutdown).await?;
+    let cri = |runtime: &std::sync::Arc<Runtime>| {
+        hpk_rpc::Services::new()
+            .with(
+                RuntimeServiceServer::new(RuntimeApi(runtime.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .with(
+                ImageServiceServer::new(Images(runtime.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+    };
+    let local = hpk_rpc::serve(hpk_rpc::Listener::unix(&args.socket)?, cri(&runtime), shutdown.clone());
+    let Some(addr) = args.listen else {
+        local.await?;
+        return Ok(());
+    };
+    let listener = remote_listener(&args, addr, &runtime).await?;
+    let services = cri(&runtime)
+        .with(crate::remote::remote_server(runtime.clone(), args.max_pods))
+        .describe(hpk_proto::FILE_DESCRIPTOR_SET);
+    let remote = hpk_rpc::serve(listener, services, shutdown);
+    let (local, remote) = tokio::join!(local, remote);
+    local?;
+    remote?;
     Ok(())
+}
+
+/// The mutual-TLS listener of `--listen`, its HTTP/1.1 sessions handed to the streaming server.
+async fn remote_listener(
+    args: &ServeArgs,
+    addr: std::net::SocketAddr,
+    runtime: &std::sync::Arc<Runtime>,
+) -> Result<hpk_rpc::Listener, Error> {
+    let read = |flag: &str, path: &Option<PathBuf>, secret: bool| -> Result<Vec<u8>, Error> {
+        let path = path.as_ref().ok_or_else(|| Error::Config(format!("--listen needs {flag}")))?;
+        hpk_rpc::mtls::read_pem_file(flag, path, secret).map_err(Error::Config)
+    };
+    let cert = read("--tls-cert-file", &args.tls_cert_file, false)?;
+    let key = read("--tls-private-key-file", &args.tls_private_key_file, true)?;
+    let client_ca = read("--client-ca-file", &args.client_ca_file, false)?;
+    let streaming = runtime.clone();
+    let handler: hpk_rpc::mtls::Http1Handler =
+        std::sync::Arc::new(move |session| match streaming.streaming() {
+            Ok(server) => server.serve_connection(session),
+            Err(error) => tracing::warn!(%error, "closing a streaming session"),
+        });
+    Ok(hpk_rpc::Listener::mutual_tls(addr, &cert, &key, &client_ca).await?.with_http1(handler))
 }

@@ -124,9 +124,45 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// Reads a PEM file given by command-line flag `flag`; with `secret`, refuses one that the
+/// group or others may read (a private key must be 0600 or 0400). Errors name the flag, the
+/// path and the fix.
+pub fn read_pem_file(flag: &str, path: &std::path::Path, secret: bool) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+    if secret && meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{flag} {} has mode {:04o}; a private key must be readable by its owner only (chmod 0600)",
+            path.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
+
+    #[test]
+    fn a_key_others_may_read_is_refused_and_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let key = dir.path().join("tls.key");
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").expect("write");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let err = read_pem_file("--tls-private-key-file", &key, true).expect_err("0644 key");
+        assert!(
+            err.contains("--tls-private-key-file") && err.contains("0644") && err.contains("chmod 0600"),
+            "{err}"
+        );
+        assert!(read_pem_file("--tls-cert-file", &key, false).is_ok(), "a certificate may be 0644");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).expect("chmod");
+        assert!(read_pem_file("--tls-private-key-file", &key, true).is_ok());
+        let err = read_pem_file("--client-ca-file", &dir.path().join("gone"), false).expect_err("missing");
+        assert!(err.contains("--client-ca-file") && err.contains("gone"), "{err}");
+    }
 
     #[test]
     fn bad_pem_is_named() {

@@ -25,6 +25,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), t
     tracing::info!(pods = adopted.len(), "runtime listed");
     let workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>> = Arc::default();
     tokio::spawn(forward_runtime_events(ctx.clone(), workers.clone(), shutdown.clone()));
+    tokio::spawn(forward_node_readiness(ctx.clone(), workers.clone(), shutdown.clone()));
 
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
@@ -203,6 +204,30 @@ async fn remove_orphan(ctx: &Context, uid: &str, orphan: Adopted) {
     }
     if let Err(error) = crate::volumes::remove(&ctx.pod_dir(uid)) {
         tracing::warn!(uid = %uid, %error, "removing an orphaned pod's volumes failed");
+    }
+}
+
+/// Wakes every worker when the node turns Ready or NotReady: each reports its pod's Ready
+/// condition anew (see `status::View::node_not_ready`).
+async fn forward_node_readiness(
+    ctx: Arc<Context>,
+    workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>>,
+    shutdown: CancellationToken,
+) {
+    let mut node = ctx.node.clone();
+    let mut ready = node.borrow_and_update().ready;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = node.changed() => if changed.is_err() { return },
+        }
+        let now = node.borrow_and_update().ready;
+        if now != ready {
+            ready = now;
+            for tx in workers.lock().await.values() {
+                let _ = tx.send(Msg::Runtime);
+            }
+        }
     }
 }
 

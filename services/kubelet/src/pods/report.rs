@@ -30,6 +30,7 @@ impl Worker {
             status.conditions = Some(conditions);
         }
         let ips = self.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default();
+        let node = self.ctx.node.borrow().clone();
         let view = status::View {
             phase: self.phase,
             reason: self.reason.clone(),
@@ -39,6 +40,7 @@ impl Worker {
             host_ip: &self.ctx.host_ip,
             start_time: self.start_time,
             containers: &self.containers,
+            node_not_ready: (!node.ready).then_some(node.message.as_str()),
         };
         let computed = status::compute(&pod, &view, Timestamp::now());
         let comparable = serde_json::to_value(&computed).unwrap_or_default();

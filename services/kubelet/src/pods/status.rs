@@ -58,6 +58,10 @@ pub struct View<'a> {
     pub start_time: Option<Timestamp>,
     /// Every container, init containers first in spec order, then the others in spec order.
     pub containers: &'a [ContainerRecord],
+    /// Why the node is not Ready, while it is not: the pod's readiness cannot be vouched for
+    /// (a connector's runtime out of reach, say), so Ready is False, as the node lifecycle
+    /// controller marks the pods of a node it lost.
+    pub node_not_ready: Option<&'a str>,
 }
 
 /// The runtime's container id as Kubernetes shows it.
@@ -167,14 +171,24 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
             Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))),
             now,
         ),
-        condition(
-            &previous,
-            "Ready",
-            containers_ready && gates_ok,
-            Some(ready_reason),
-            unready_message.clone(),
-            now,
-        ),
+        match view.node_not_ready {
+            Some(why) if !terminal => condition(
+                &previous,
+                "Ready",
+                false,
+                Some("NodeNotReady"),
+                Some(format!("the node is not ready: {why}")),
+                now,
+            ),
+            _ => condition(
+                &previous,
+                "Ready",
+                containers_ready && gates_ok,
+                Some(ready_reason),
+                unready_message.clone(),
+                now,
+            ),
+        },
         condition(&previous, "ContainersReady", containers_ready, Some(ready_reason), unready_message, now),
     ];
     let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
@@ -237,6 +251,7 @@ mod tests {
             host_ip: "10.250.0.11",
             start_time: Some(Timestamp::UNIX_EPOCH),
             containers: std::slice::from_ref(&c),
+            node_not_ready: None,
         };
         let now = Timestamp::now();
         let status = compute(&pod(), &view, now);
@@ -252,6 +267,33 @@ mod tests {
         let cs = &status.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(cs.container_id.as_deref(), Some("hpk://abc"));
         assert!(cs.ready && cs.started == Some(true));
+    }
+
+    #[test]
+    fn a_running_pod_on_a_node_that_is_not_ready_is_not_ready() {
+        let mut c = ContainerRecord::new("web", "i", false);
+        c.id = Some("abc".into());
+        c.state = State::Running { started_at: Timestamp::UNIX_EPOCH };
+        c.ready = true;
+        c.started = true;
+        let ips = ["10.244.1.5".to_owned()];
+        let view = View {
+            phase: Phase::Running,
+            reason: None,
+            sandbox_ready: true,
+            initialized: true,
+            pod_ips: &ips,
+            host_ip: "10.250.0.11",
+            start_time: Some(Timestamp::UNIX_EPOCH),
+            containers: std::slice::from_ref(&c),
+            node_not_ready: Some("Status failed: connection refused"),
+        };
+        let status = compute(&pod(), &view, Timestamp::now());
+        let ready = find(&status, "Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("NodeNotReady")));
+        assert!(ready.message.as_deref().unwrap_or_default().contains("connection refused"), "{ready:?}");
+        assert_eq!(find(&status, "ContainersReady").status, "True", "the containers themselves are fine");
+        assert_eq!(status.phase.as_deref(), Some("Running"));
     }
 
     #[test]
@@ -276,6 +318,7 @@ mod tests {
             host_ip: "h",
             start_time: None,
             containers: &records,
+            node_not_ready: None,
         };
         let status = compute(&pod(), &view, Timestamp::now());
         let init = find(&status, "Initialized");

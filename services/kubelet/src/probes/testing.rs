@@ -23,6 +23,7 @@ pub fn target(container: serde_json::Value) -> Target {
         cri: Cri {
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
+            remote: None,
         },
     }
 }

@@ -44,10 +44,17 @@ impl Cluster {
     /// [`Self::start`] with the cluster's cert-signer issuing certificates valid for
     /// `validity` (e.g. `30s`), so the kubelet renews its serving certificate during a test.
     pub async fn start_with_cert_validity(validity: Option<&str>) -> Option<Self> {
+        Self::start_with(validity, &[]).await
+    }
+
+    /// [`Self::start_with_cert_validity`] with more test hosts beside node1 (nothing runs on
+    /// them yet).
+    pub async fn start_with(validity: Option<&str>, more_hosts: &[&str]) -> Option<Self> {
         if !tools_present() {
             return None;
         }
-        let cp = hpk_integration::skip_unless_available(ControlPlane::start(&[NODE]).await)?;
+        let hosts: Vec<&str> = std::iter::once(NODE).chain(more_hosts.iter().copied()).collect();
+        let cp = hpk_integration::skip_unless_available(ControlPlane::start(&hosts).await)?;
         let admin = cp.admin_client().await.expect("admin client");
         let registry = Registry::start(IpAddr::V4(cp.network().gateway()), None).await.expect("registry");
         let images = TestImages::push(&registry, false).await.expect("test images");

@@ -27,6 +27,7 @@ fn runtime(root: &Path) -> Arc<Runtime> {
         shim_binary: "/nonexistent/hpk-pod-runtime".into(),
         network: None,
         engine: Engine::Crun,
+        pod_logs_root: None,
     };
     let images = ImageStore::open(&root.join("images")).unwrap();
     Runtime::new(config, Crun::new(&root.join("crun")), images).unwrap()

@@ -51,6 +51,10 @@ pub struct Config {
     pub network: Option<PodNetwork>,
     /// The engine running sandboxes and containers (see `dispatch.rs`).
     pub engine: crate::engine::Engine,
+    /// Where pods' logs go when the kubelet is on another machine (connector mode): its
+    /// `log_directory` names a directory of its own filesystem, so the runtime keeps the last
+    /// component under this directory instead, and creates it.
+    pub pod_logs_root: Option<PathBuf>,
 }
 
 /// A sandbox the runtime manages.

@@ -1,6 +1,7 @@
 //! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox.
 
 use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,13 +15,36 @@ use crate::engine::SandboxSpec;
 /// How long a new sandbox's pause may take to report readiness.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A remote kubelet's `log_directory` moved under `root`: its last component, which must be a
+/// plain name; the directory is created 0700.
+fn remote_log_directory(root: &std::path::Path, asked: &str) -> Result<String> {
+    if asked.is_empty() {
+        return Ok(String::new());
+    }
+    let name = std::path::Path::new(asked)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.starts_with('.'))
+        .ok_or_else(|| Error::Invalid(format!("log_directory {asked:?} does not end in a plain name")))?;
+    let dir = root.join(name);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| Error::io("create", &dir, e))?;
+    Ok(dir.display().to_string())
+}
+
 impl Runtime {
     /// Starts a sandbox for `config` and returns its ID once hpk-pause reports it ready.
-    pub async fn run_sandbox(self: &Arc<Self>, config: cri::PodSandboxConfig) -> Result<String> {
+    pub async fn run_sandbox(self: &Arc<Self>, mut config: cri::PodSandboxConfig) -> Result<String> {
         let meta =
             config.metadata.clone().ok_or_else(|| Error::Invalid("sandbox config has no metadata".into()))?;
         if meta.name.is_empty() || meta.namespace.is_empty() {
             return Err(Error::Invalid("sandbox metadata needs a name and a namespace".into()));
+        }
+        if let Some(root) = &self.config.pod_logs_root {
+            config.log_directory = remote_log_directory(root, &config.log_directory)?;
         }
         // No hostname asked for: the node's, as containerd and CRI-O do (the kubelet always
         // sets one, except for pods on the host's network).
@@ -329,4 +353,22 @@ fn write_pod_files(
         std::fs::write(&path, text).map_err(|e| Error::io("write", &path, e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod remote_log_tests {
+    use super::remote_log_directory;
+
+    #[test]
+    fn a_remote_kubelets_log_directory_moves_under_the_runtimes_root() {
+        let root = tempfile::tempdir().expect("tmp");
+        let dir = remote_log_directory(root.path(), "/var/lib/hpk-kubelet/pod-logs/default_web_uid-1")
+            .expect("moved");
+        assert_eq!(dir, root.path().join("default_web_uid-1").display().to_string());
+        assert!(std::path::Path::new(&dir).is_dir());
+        assert_eq!(remote_log_directory(root.path(), "").expect("none"), "");
+        for bad in ["/", "/var/log/..", "/x/.hidden"] {
+            assert!(remote_log_directory(root.path(), bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,0 +1,484 @@
+//! Connector mode against the real control plane: the harness's cluster (with its ordinary
+//! HPK node `node1`) is the "existing cluster"; test host `remote` runs a pod-runtime serving
+//! CRI over mutual TLS (an HPC allocation's side); test host `connector` runs hpk-kubelet as
+//! `examples/hpk-connector.yaml`'s Deployment runs it — its arguments and environment, the
+//! manifest's ServiceAccount and RBAC as its identity — with the example pods.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hpk_integration::connector::RemoteRuntime;
+use hpk_integration::process::Process;
+use hpk_proto::podruntime::v1::AllocationRequest;
+use hpk_proto::podruntime::v1::remote_client::RemoteClient;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use serde_json::{Value, json};
+use support::{Cluster, KUBELET, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CONNECTOR: &str = "hpk-connector";
+const POD_CIDR: &str = "10.244.77.0/24";
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// The items of a manifest file as JSON, through `kubectl create --dry-run=client`.
+fn items(c: &Cluster, file: &Path) -> Vec<Value> {
+    let out = c.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", &file.display().to_string()]);
+    // One JSON object per item, one after the other.
+    serde_json::Deserializer::from_str(&out).into_iter::<Value>().map(|item| item.expect("json")).collect()
+}
+
+/// An example pod with the test registry's httpd in place of nginx, saying hello first, with a
+/// ConfigMap volume (sent to the remote runtime).
+fn example_pod(c: &Cluster, file: &str) -> Value {
+    let mut pod = items(c, &examples().join(file)).remove(0);
+    let container = &mut pod["spec"]["containers"][0];
+    container["image"] = json!(c.httpd);
+    container["command"] =
+        json!(["sh", "-c", "echo hello from the remote runtime; exec httpd -f -p 8080 -h /www"]);
+    container["ports"] = json!([{"containerPort": 8080}]);
+    container["volumeMounts"] = json!([{"name": "greeting", "mountPath": "/config"}]);
+    pod["spec"]["volumes"] = json!([{"name": "greeting", "configMap": {"name": "greeting"}}]);
+    pod
+}
+
+/// The Deployment's kubelet as a process on test host `connector`: its arguments and
+/// environment, with the mounted Secret and ConfigMap files under `files`.
+fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path, kubeconfig: &Path) -> Process {
+    let manifest = items(c, &examples().join("hpk-connector.yaml"));
+    let deployment = manifest.iter().find(|i| i["kind"] == "Deployment").expect("a Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let host = c.cp.network().host("connector").expect("connector host").clone();
+    let local = |arg: &str| {
+        arg.replace("/etc/hpk-connector/", &format!("{}/", files.display()))
+            .replace("/var/lib/hpk-connector", &files.join("state").display().to_string())
+    };
+    let mut cmd = host.command(KUBELET);
+    for arg in container["args"].as_array().expect("args") {
+        cmd.arg(local(arg.as_str().expect("arg")));
+    }
+    // As in the pod: the ServiceAccount's identity (here a token kubeconfig), the pod's IP, the
+    // ConfigMap's endpoint.
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
+    for env in container["env"].as_array().expect("env") {
+        let name = env["name"].as_str().expect("name");
+        let value = match name {
+            "HPK_NODE_IP" => host.ip.to_string(),
+            "HPK_RUNTIME_ENDPOINT" => remote.credentials.endpoint.clone(),
+            _ => env["value"].as_str().expect("value").to_owned(),
+        };
+        cmd.env(name, value);
+    }
+    Process::spawn("hpk-kubelet", cmd, &files.join("kubelet.log")).expect("kubelet")
+}
+
+/// The Secret and ConfigMap files of the Deployment, as `kubectl create secret` would hold them.
+fn write_files(c: &Cluster, remote: &RemoteRuntime, files: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let copy = |from: &Path, to: &str, mode: u32| {
+        let to = files.join(to);
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(from, &to).expect("copy");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    copy(&remote.credentials.ca, "runtime/ca.crt", 0o400);
+    copy(&remote.credentials.cert, "runtime/tls.crt", 0o400);
+    copy(&remote.credentials.key, "runtime/tls.key", 0o400);
+    // The kubelet API's serving certificate, from the cluster's CA as an operator would get it.
+    let host_ip = c.cp.network().host("connector").expect("host").ip;
+    let bin_dir = Path::new(KUBELET).parent().expect("bin dir");
+    let (cert, key) = hpk_integration::connector::issue(
+        &c.cp,
+        bin_dir,
+        CONNECTOR,
+        "serving",
+        &[host_ip.to_string()],
+        files,
+        "serving-issued",
+    )
+    .expect("serving certificate");
+    copy(&cert, "serving/tls.crt", 0o400);
+    copy(&key, "serving/tls.key", 0o400);
+    copy(&c.cp.pki().client_ca().cert, "config/client-ca.crt", 0o444);
+    std::fs::write(files.join("config/resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv.conf");
+}
+
+async fn connector_node(c: &Cluster) -> Option<Node> {
+    Api::<Node>::all(c.admin.clone()).get_opt(CONNECTOR).await.ok()?
+}
+
+fn ready(node: &Node) -> Option<&str> {
+    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
+}
+
+fn pod_ready(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
+}
+
+/// (container ID, restart count, started at) of a pod's first container.
+fn container_identity(pod: &Pod) -> Option<(String, i32, String)> {
+    let status = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let started = status.state.as_ref()?.running.as_ref()?.started_at.as_ref()?.0.to_string();
+    Some((status.container_id.clone()?, status.restart_count, started))
+}
+
+/// GET / through `kubectl port-forward` to the pod's port 8080.
+async fn through_port_forward(c: &Cluster, pod: &str, local_port: u16) -> String {
+    let mut forward =
+        c.cp.kubectl()
+            .args(["port-forward", &format!("pod/{pod}"), &format!("{local_port}:8080")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl port-forward");
+    let started = Instant::now();
+    let answer = loop {
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", local_port)).await {
+            let _ = stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await;
+            let mut answer = String::new();
+            let _ = stream.read_to_string(&mut answer).await;
+            if answer.contains("200 OK") {
+                break answer;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "port-forward to {pod} gave no answer\n{}",
+            c.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = forward.kill();
+    let _ = forward.wait();
+    answer
+}
+
+/// A TLS client that presents `cert` (or none) to the runtime and asks for a CRI version.
+async fn version_with(endpoint: &str, ca: &Path, cert: Option<(&[u8], &[u8])>) -> Result<String, String> {
+    let ca = std::fs::read(ca).expect("ca");
+    let channel = match cert {
+        Some((cert, key)) => hpk_rpc::connect::mutual_tls(endpoint, &ca, cert, key, None).await,
+        None => hpk_rpc::connect::tls(endpoint, &ca, None).await,
+    }
+    .map_err(|e| format!("connect: {e}"))?;
+    let mut client = k8s_cri::v1::runtime_service_client::RuntimeServiceClient::new(channel);
+    let answer = client
+        .version(k8s_cri::v1::VersionRequest { version: String::new() })
+        .await
+        .map_err(|e| format!("Version: {e}"))?;
+    Ok(answer.into_inner().runtime_name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
+    let Some(c) = Cluster::start_with(None, &["connector", "remote"]).await else { return };
+    let bin_dir = Path::new(KUBELET).parent().expect("bin dir");
+    let mut remote = RemoteRuntime::start(
+        &c.cp,
+        "remote",
+        &c.dir.path().join("remote"),
+        bin_dir,
+        Some(&c.registry.host_port()),
+        POD_CIDR,
+        CONNECTOR,
+    )
+    .expect("remote runtime");
+
+    // Security first: only the connector's certificate gets an answer.
+    let creds = remote.credentials.clone();
+    let (cert, key) = (std::fs::read(&creds.cert).expect("cert"), std::fs::read(&creds.key).expect("key"));
+    let started = Instant::now();
+    let name = loop {
+        match version_with(&creds.endpoint, &creds.ca, Some((&cert, &key))).await {
+            Ok(name) => break name,
+            Err(e) if started.elapsed() > Duration::from_secs(30) => panic!("{e}\n{}", remote.logs()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!(name, "hpk-pod-runtime");
+    let refused = version_with(&creds.endpoint, &creds.ca, None).await.expect_err("no client certificate");
+    assert!(refused.contains("Version") || refused.contains("connect"), "{refused}");
+    let other = c.dir.path().join("other-ca");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    let other_pki = hpk_integration::pki::ClusterPki::generate(
+        &other,
+        "stranger",
+        &[c.cp.network().gateway().into()],
+        "10.96.0.1".parse().expect("ip"),
+    )
+    .expect("another CA");
+    let stranger =
+        other_pki.client_cert("stranger", "system:node:hpk-connector", &["system:nodes"]).expect("stranger");
+    let refused = version_with(
+        &creds.endpoint,
+        &creds.ca,
+        Some((&std::fs::read(&stranger.cert).expect("cert"), &std::fs::read(&stranger.key).expect("key"))),
+    )
+    .await
+    .expect_err("a certificate from another CA");
+    assert!(refused.contains("Version") || refused.contains("connect"), "{refused}");
+
+    // The manifest, as a user applies it (the Deployment is run below as a process).
+    let manifest = items(&c, &examples().join("hpk-connector.yaml"));
+    let list = json!({"apiVersion": "v1", "kind": "List",
+        "items": manifest.iter().filter(|i| i["kind"] != "Deployment").collect::<Vec<_>>()});
+    c.apply(&list.to_string());
+    let token = c.kubectl(&["-n", "hpk-connector", "create", "token", "hpk-connector", "--duration=2h"]);
+    let kubeconfig = c.cp.token_kubeconfig("hpk-connector", token.trim()).expect("kubeconfig");
+    let files = c.dir.path().join("connector");
+    write_files(&c, &remote, &files);
+    let mut kubelet = start_connector(&c, &remote, &files, &kubeconfig);
+    let logs = |remote: &RemoteRuntime, kubelet: &Process| {
+        format!("--- connector kubelet:\n{}\n{}", kubelet.log_tail(60), remote.logs())
+    };
+
+    // The node: Ready, tainted, labelled, with the remote side's allocation as its capacity.
+    let started = Instant::now();
+    let node = loop {
+        if let Some(node) = connector_node(&c).await.filter(|n| ready(n) == Some("True")) {
+            break node;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no Ready {CONNECTOR}\n{}",
+            logs(&remote, &kubelet)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    assert!(
+        taints.iter().any(|t| t.key == "hpk.io/connector"
+            && t.value.as_deref() == Some("true")
+            && t.effect == "NoSchedule"),
+        "{taints:?}"
+    );
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("node.hpk.io/role").map(String::as_str), Some("connector"));
+    let channel = hpk_rpc::connect::mutual_tls(
+        &creds.endpoint,
+        &std::fs::read(&creds.ca).expect("ca"),
+        &cert,
+        &key,
+        None,
+    )
+    .await
+    .expect("channel");
+    let allocation =
+        RemoteClient::new(channel).allocation(AllocationRequest {}).await.expect("allocation").into_inner();
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default();
+    for resource in ["cpu", "memory"] {
+        assert_eq!(
+            capacity.get(resource).map(|q| q.0.as_str()),
+            allocation.capacity.get(resource).map(String::as_str),
+            "{resource}: node {capacity:?}, allocation {:?}",
+            allocation.capacity
+        );
+    }
+
+    // The example pods: by toleration, by nodeName; and a pod without either stays off.
+    c.kubectl(&["create", "configmap", "greeting", "--from-literal=greeting=hello over the link"]);
+    c.apply(&example_pod(&c, "nginx-pod-toleration.yaml").to_string());
+    c.apply(&example_pod(&c, "nginx-pod.yaml").to_string());
+    let mut plain = example_pod(&c, "nginx-pod-toleration.yaml");
+    plain["metadata"]["name"] = json!("plain");
+    plain["spec"].as_object_mut().expect("spec").remove("tolerations");
+    plain["spec"].as_object_mut().expect("spec").remove("nodeSelector");
+    c.apply(&plain.to_string());
+    let mut untolerated = example_pod(&c, "nginx-pod-toleration.yaml");
+    untolerated["metadata"]["name"] = json!("untolerated");
+    untolerated["spec"].as_object_mut().expect("spec").remove("tolerations");
+    c.apply(&untolerated.to_string());
+
+    let pods = c.pods("default");
+    let remote_net: ipnet_check::Net = POD_CIDR.parse().expect("cidr");
+    let connector_ip = c.cp.network().host("connector").expect("host").ip.to_string();
+    for name in ["nginx-toleration", "nginx"] {
+        let pod = eventually(&c, &format!("{name} Running on {CONNECTOR}"), Duration::from_secs(90), || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get_opt(name).await.ok()??;
+                let status = pod.status.as_ref()?;
+                (status.phase.as_deref() == Some("Running") && pod_ready(&pod) == Some("True")).then_some(pod)
+            }
+        })
+        .await;
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.node_name.as_deref(), Some(CONNECTOR));
+        let status = pod.status.as_ref().expect("status");
+        let ip = status.pod_ip.clone().unwrap_or_default();
+        assert!(remote_net.contains(&ip), "{name}'s IP {ip} is not the remote side's ({POD_CIDR})");
+        assert_eq!(status.host_ip.as_deref(), Some(connector_ip.as_str()));
+    }
+    let plain = eventually(&c, "plain Running on node1", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get_opt("plain").await.ok()??;
+            (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+        }
+    })
+    .await;
+    assert_eq!(plain.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(support::NODE));
+    let untolerated = eventually(&c, "untolerated refused by the scheduler", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get_opt("untolerated").await.ok()??;
+            let condition =
+                pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?.clone();
+            (condition.status == "False").then_some(condition)
+        }
+    })
+    .await;
+    // The connector node (the only one its selector matches) refuses it for its taint.
+    assert!(
+        untolerated.message.as_deref().unwrap_or_default().contains("1 node(s) had untolerated taint"),
+        "{untolerated:?}"
+    );
+
+    // logs, exec (with its exit code, and the ConfigMap sent over) and port-forward, all
+    // through the connector's kubelet API and the link.
+    let log = c.kubectl(&["logs", "nginx-toleration"]);
+    assert_eq!(log, "hello from the remote runtime\n");
+    let out =
+        c.cp.kubectl()
+            .args(["exec", "nginx-toleration", "--", "sh", "-c", "cat /config/greeting; exit 3"])
+            .output()
+            .expect("kubectl exec");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello over the link");
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer = through_port_forward(&c, "nginx-toleration", 18081).await;
+    assert!(answer.ends_with(hpk_integration::image::HTTPD_INDEX), "{answer}");
+
+    // Cut the link: the runtime's listener stops. The node turns NotReady and its pods report
+    // it; restored, the node is Ready and the same containers are adopted, never restarted.
+    let before = container_identity(&pods.get("nginx-toleration").await.expect("pod")).expect("running");
+    remote.stop_runtime();
+    let cut = Instant::now();
+    loop {
+        if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
+            break;
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(40),
+            "still Ready 40 s after the cut\n{}",
+            logs(&remote, &kubelet)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("NotReady {:.1} s after the link was cut", cut.elapsed().as_secs_f64());
+    eventually(&c, "nginx-toleration reports NotReady", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move { (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(()) }
+    })
+    .await;
+    remote.start_runtime().expect("runtime again");
+    let restored = Instant::now();
+    loop {
+        if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
+            break;
+        }
+        assert!(restored.elapsed() < Duration::from_secs(60), "not Ready again\n{}", logs(&remote, &kubelet));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("Ready {:.1} s after the link came back", restored.elapsed().as_secs_f64());
+    let after = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("nginx-toleration").await.ok()?;
+            (pod_ready(&pod) == Some("True")).then(|| container_identity(&pod)).flatten()
+        }
+    })
+    .await;
+    assert_eq!(after, before, "the container was restarted");
+    let answer = through_port_forward(&c, "nginx-toleration", 18082).await;
+    assert!(answer.ends_with(hpk_integration::image::HTTPD_INDEX), "{answer}");
+
+    // Cut the network instead: the runtime's host drops every packet to its port, so the open
+    // connection goes silent rather than refusing. The same outcome.
+    let nft = |script: &str| {
+        let out = remote
+            .host()
+            .command("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), script.as_bytes())?;
+                child.wait_with_output()
+            });
+        let out = out.expect("nft");
+        assert!(out.status.success(), "nft {script}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    nft(&format!(
+        "table inet hpk_cut {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {} drop\n }}\n}}\n",
+        hpk_integration::connector::PORT
+    ));
+    let cut = Instant::now();
+    loop {
+        if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
+            break;
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(40),
+            "still Ready 40 s after the cut\n{}",
+            logs(&remote, &kubelet)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("NotReady {:.1} s after the network was cut", cut.elapsed().as_secs_f64());
+    nft("delete table inet hpk_cut");
+    let restored = Instant::now();
+    loop {
+        if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
+            break;
+        }
+        assert!(restored.elapsed() < Duration::from_secs(60), "not Ready again\n{}", logs(&remote, &kubelet));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("Ready {:.1} s after the network came back", restored.elapsed().as_secs_f64());
+    let again = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("nginx-toleration").await.ok()?;
+            (pod_ready(&pod) == Some("True")).then(|| container_identity(&pod)).flatten()
+        }
+    })
+    .await;
+    assert_eq!(again, before, "the container was restarted");
+    let out = c.kubectl(&["exec", "nginx-toleration", "--", "cat", "/config/greeting"]);
+    assert_eq!(out, "hello over the link");
+
+    for name in ["nginx-toleration", "nginx", "plain", "untolerated"] {
+        c.kubectl(&["delete", "pod", name, "--wait=false"]);
+    }
+    kubelet.stop();
+    drop(remote);
+}
+
+/// An IPv4 network, enough to check a pod's address.
+mod ipnet_check {
+    use std::net::Ipv4Addr;
+
+    pub struct Net(u32, u32);
+
+    impl std::str::FromStr for Net {
+        type Err = String;
+        fn from_str(s: &str) -> Result<Self, String> {
+            let (ip, len) = s.split_once('/').ok_or("no /")?;
+            let ip: Ipv4Addr = ip.parse().map_err(|e| format!("{e}"))?;
+            let len: u32 = len.parse().map_err(|e| format!("{e}"))?;
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            Ok(Self(u32::from(ip) & mask, mask))
+        }
+    }
+
+    impl Net {
+        pub fn contains(&self, ip: &str) -> bool {
+            ip.parse::<Ipv4Addr>().is_ok_and(|ip| u32::from(ip) & self.1 == self.0)
+        }
+    }
+}
