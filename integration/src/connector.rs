@@ -1,11 +1,11 @@
-//! Connector mode's remote side on a test host: hpk-net-forwarder with a fixed pod CIDR and
-//! hpk-pod-runtime serving CRI over mutual TLS on the host's address (`--listen`), as an HPC
-//! allocation would run them for a kubelet in another cluster. The credentials come from the
-//! harness's real hpk-cert-signer: the runtime's serving certificate (server CA) and the
-//! connector's client certificate (client CA, `system:node:<connector>`), which the runtime
-//! accepts through `--client-ca-file`.
+//! Connector mode's remote side on a test host: a runtime bubble (`hpk bubble --role
+//! runtime`) — hpk-net-forwarder with a fixed pod CIDR and hpk-pod-runtime serving CRI over
+//! mutual TLS on the port the bubble publishes — as a user would run it in an HPC allocation
+//! for a kubelet in another cluster. The runtime's certificate is the bubble's own (its
+//! `runtime-ca.crt`); the connector's client certificate comes from the harness's real
+//! hpk-cert-signer (client profile, `system:node:<connector>`), whose CA the bubble is told to
+//! accept.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,20 +14,149 @@ use crate::netns::Host;
 use crate::process::Process;
 use crate::{Error, Result};
 
-/// The port the runtime listens on, in its test host's own namespace.
-pub const PORT: u16 = 7443;
-
 /// What a connector needs to reach the runtime.
 #[derive(Clone, Debug)]
 pub struct Credentials {
     /// `https://IP:PORT`.
     pub endpoint: String,
-    /// The CA of the runtime's certificate (the cluster's server CA).
+    /// The CA of the runtime's certificate (the bubble's own, from its `runtime-ca.crt`).
     pub ca: PathBuf,
-    /// The connector's client certificate and key (0600).
+    /// The connector's client certificate (from the harness's client CA).
     pub cert: PathBuf,
-    /// Its key.
+    /// Its key (0600).
     pub key: PathBuf,
+}
+
+/// A runtime bubble (`hpk bubble --role runtime`) on a test host, as a user would run it in
+/// an allocation: rootless crun, its own network namespace, the port published on the host's
+/// address. Dropped: SIGTERM, and the launcher removes what it made.
+pub struct RuntimeBubble {
+    launcher: Option<Process>,
+    host: Host,
+    /// The bubble's service logs (`<state>/<cluster>/<node>/logs`).
+    logs_dir: PathBuf,
+    /// The link's credentials.
+    pub credentials: Credentials,
+}
+
+impl RuntimeBubble {
+    /// Starts the bubble on test host `name` of `cp` (`hpk` and `image` as built; pods get
+    /// addresses of `pod_cidr`), accepting client certificates of the cluster's client CA, and
+    /// waits until it publishes its endpoint; the client certificate is issued for node
+    /// `connector`. `home` and `state` become `HPK_HOME` and `HPK_STATE_DIR`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        cp: &ControlPlane,
+        name: &str,
+        hpk: &Path,
+        image: &Path,
+        (home, state): (&Path, &Path),
+        insecure_registry: Option<&str>,
+        pod_cidr: &str,
+        connector: &str,
+    ) -> Result<Self> {
+        let host = cp.network().host(name).cloned().ok_or_else(|| Error::Missing {
+            what: format!("test host {name}"),
+            hint: "create it with the control plane".into(),
+        })?;
+        let bin_dir = hpk.parent().unwrap_or(Path::new("."));
+        let certs = home.join("connector-certs");
+        std::fs::create_dir_all(&certs).map_err(|e| Error::io("create", certs.display().to_string(), e))?;
+        let (cert, key) = issue(cp, bin_dir, connector, "client", &[], &certs, "connector")?;
+        let cluster = "connector".to_owned();
+        // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
+        // hierarchy crun binds into the bubble.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", host.netns))
+            .arg("--")
+            .arg(hpk)
+            .args(["bubble", "--role=runtime", &format!("--cluster={cluster}"), &format!("--node={name}")])
+            .arg(format!("--address={}", host.ip))
+            .arg(format!("--image={}", image.display()))
+            .arg(format!("--client-ca-file={}", cp.pki().client_ca().cert.display()))
+            .arg(format!("--pod-cidr={pod_cidr}"))
+            .env("HPK_HOME", home)
+            .env("HPK_STATE_DIR", state)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
+        if let Some(registry) = insecure_registry {
+            cmd.arg(format!("--insecure-registry={registry}"));
+        }
+        let mut launcher =
+            Process::spawn("hpk bubble --role runtime", cmd, &home.join("runtime-bubble.log"))?;
+        let shared = home.join(&cluster);
+        let endpoint_file = shared.join("runtime-endpoint");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let endpoint = loop {
+            if let Ok(text) = std::fs::read_to_string(&endpoint_file)
+                && text.ends_with('\n')
+            {
+                break text.trim().to_owned();
+            }
+            launcher.check_alive()?;
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Missing {
+                    what: format!("{} within 120 s", endpoint_file.display()),
+                    hint: launcher.log_tail(40),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let credentials = Credentials { endpoint, ca: shared.join("runtime-ca.crt"), cert, key };
+        let logs_dir = state.join(&cluster).join(name).join("logs");
+        Ok(Self { launcher: Some(launcher), host, logs_dir, credentials })
+    }
+
+    /// The published port.
+    pub fn port(&self) -> u16 {
+        self.credentials.endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0)
+    }
+
+    /// The test host.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The launcher's log and the bubble's service logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Some(launcher) = &self.launcher {
+            out.push_str(&format!("--- runtime bubble launcher:\n{}\n", launcher.log_tail(30)));
+        }
+        for service in ["hpk-pod-runtime", "hpk-net-forwarder"] {
+            let text =
+                std::fs::read_to_string(self.logs_dir.join(format!("{service}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!(
+                "--- {service} in the bubble:\n{}\n",
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            ));
+        }
+        out
+    }
+
+    /// Stops the bubble: SIGTERM, and the launcher's own bounded teardown (its services'
+    /// grace periods) is waited for, up to a minute, before anything is killed.
+    pub fn stop(&mut self) {
+        if let Some(mut launcher) = self.launcher.take() {
+            if let Ok(pid) = i32::try_from(launcher.pid()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while launcher.exit_status().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            launcher.stop();
+        }
+    }
+}
+
+impl Drop for RuntimeBubble {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// A certificate from the harness's hpk-cert-signer through `hpk-cert-signer request`, as an
@@ -68,147 +197,4 @@ pub fn issue(
         });
     }
     Ok((cert, key))
-}
-
-/// The remote side's processes; on drop every pod is removed, then both stop.
-pub struct RemoteRuntime {
-    runtime: Option<Process>,
-    net_forwarder: Option<Process>,
-    host: Host,
-    runtime_cmd: Vec<String>,
-    socket: PathBuf,
-    dir: PathBuf,
-    runs: u32,
-    /// The link's credentials.
-    pub credentials: Credentials,
-}
-
-impl RemoteRuntime {
-    /// Starts the net-forwarder (pods get addresses of `pod_cidr`) and the runtime on test host
-    /// `name` of `cp`, state under `dir`; the client certificate is issued for node
-    /// `connector`.
-    pub fn start(
-        cp: &ControlPlane,
-        name: &str,
-        dir: &Path,
-        bin_dir: &Path,
-        insecure_registry: Option<&str>,
-        pod_cidr: &str,
-        connector: &str,
-    ) -> Result<Self> {
-        let host = cp.network().host(name).cloned().ok_or_else(|| Error::Missing {
-            what: format!("test host {name}"),
-            hint: "create it with the control plane".into(),
-        })?;
-        let mkdir = |d: &Path| {
-            std::fs::create_dir_all(d).map_err(|e| Error::io("create", d.display().to_string(), e))
-        };
-        mkdir(&dir.join("nf"))?;
-        mkdir(&dir.join("runtime"))?;
-        mkdir(&dir.join("certs"))?;
-        let certs = dir.join("certs");
-        let (serving_cert, serving_key) =
-            issue(cp, bin_dir, name, "serving", &[host.ip.to_string()], &certs, "runtime")?;
-        let (cert, key) = issue(cp, bin_dir, connector, "client", &[], &certs, "connector")?;
-        let signer = cp.cert_signer(bin_dir)?;
-        let nf_socket = dir.join("nf/run/nf.sock");
-        let mut nf = host.command(bin_dir.join("hpk-net-forwarder"));
-        nf.arg("serve")
-            .arg("--socket")
-            .arg(&nf_socket)
-            .arg("--state-dir")
-            .arg(dir.join("nf/state"))
-            .arg(format!("--pod-cidr={pod_cidr}"));
-        let net_forwarder = Process::spawn("hpk-net-forwarder", nf, &dir.join("net-forwarder.log"))?;
-
-        let socket = dir.join("runtime/run/cri.sock");
-        let listen = SocketAddr::new(host.ip.into(), PORT);
-        // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
-        // hierarchy crun needs.
-        let mut runtime_cmd = vec![
-            format!("--net=/run/netns/{}", host.netns),
-            "--".into(),
-            bin_dir.join("hpk-pod-runtime").display().to_string(),
-            format!("--socket={}", socket.display()),
-            format!("--root={}", dir.join("runtime/root").display()),
-            format!("--pause-binary={}", bin_dir.join("hpk-pause").display()),
-            format!("--net-forwarder-socket={}", nf_socket.display()),
-            format!("--listen={listen}"),
-            format!("--tls-cert-file={}", serving_cert.display()),
-            format!("--tls-private-key-file={}", serving_key.display()),
-            format!("--client-ca-file={}", cp.pki().client_ca().cert.display()),
-        ];
-        if let Some(registry) = insecure_registry {
-            runtime_cmd.push(format!("--insecure-registry={registry}"));
-        }
-        let credentials =
-            Credentials { endpoint: format!("https://{listen}"), ca: signer.ca.clone(), cert, key };
-        let mut remote = Self {
-            runtime: None,
-            net_forwarder: Some(net_forwarder),
-            host,
-            runtime_cmd,
-            socket,
-            dir: dir.to_owned(),
-            runs: 0,
-            credentials,
-        };
-        remote.start_runtime()?;
-        Ok(remote)
-    }
-
-    /// Starts the runtime (again); its log is `runtime-<n>.log`, n counting from 1.
-    pub fn start_runtime(&mut self) -> Result<()> {
-        let mut cmd = Command::new("nsenter");
-        cmd.args(&self.runtime_cmd)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
-        self.runs += 1;
-        let log = self.dir.join(format!("runtime-{}.log", self.runs));
-        self.runtime = Some(Process::spawn("hpk-pod-runtime", cmd, &log)?);
-        Ok(())
-    }
-
-    /// Stops the runtime with SIGTERM: its listener is gone, its pods keep running.
-    pub fn stop_runtime(&mut self) {
-        if let Some(mut runtime) = self.runtime.take() {
-            runtime.stop();
-        }
-    }
-
-    /// The test host.
-    pub fn host(&self) -> &Host {
-        &self.host
-    }
-
-    /// The runtime's UNIX socket (crictl, for the test's own checks).
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
-    /// The tails of both logs, for failure messages.
-    pub fn logs(&self) -> String {
-        let mut out = String::new();
-        for (name, p) in [("runtime", &self.runtime), ("net-forwarder", &self.net_forwarder)] {
-            if let Some(p) = p {
-                out.push_str(&format!("--- {name} on {}:\n{}\n", self.host.name, p.log_tail(40)));
-            }
-        }
-        out
-    }
-}
-
-impl Drop for RemoteRuntime {
-    fn drop(&mut self) {
-        if self.runtime.is_none() {
-            // Pods outlive their runtime: start it once more to remove them.
-            let _ = self.start_runtime();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while !self.socket.exists() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
-        crate::hpknode::remove_all_pods(&self.socket, &self.host.name);
-        self.runtime.take();
-        self.net_forwarder.take();
-    }
 }

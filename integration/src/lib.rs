@@ -59,3 +59,19 @@ pub fn tools_present(tools: &[&str]) -> bool {
     eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
     false
 }
+
+/// The hpk-bubble image the tests run (`make images` builds it into `target/images/`; or
+/// `HPK_IMAGE`). A missing image skips with the reason printed, or fails under
+/// `HPK_REQUIRE_TOOLS=1`.
+pub fn bubble_image() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("HPK_IMAGE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/images/hpk-bubble")
+    });
+    if path.join("index.json").is_file() {
+        return Some(path);
+    }
+    let why = format!("no hpk-bubble image at {} (make images)", path.display());
+    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
+    eprintln!("SKIPPED: {why}");
+    None
+}

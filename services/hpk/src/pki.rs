@@ -134,6 +134,16 @@ impl ClusterPki {
     }
 }
 
+/// A runtime bubble's own TLS (connector mode): a CA made for it, and the runtime's serving
+/// certificate from that CA for `addresses`. Keys 0600 in `dir`, which must be node-local.
+/// The kubelet trusts the CA's certificate (`runtime-ca.crt`); returns (CA, serving).
+pub fn runtime_tls(dir: &Path, name: &str, addresses: &[IpAddr]) -> Result<(CertFiles, CertFiles)> {
+    let ca = Ca::new(dir, "runtime-ca", &format!("{name}-runtime-ca"))?;
+    let sans = addresses.iter().copied().map(SanType::IpAddress).collect();
+    let serving = ca.sign(dir, "runtime", name, &[], sans, ExtendedKeyUsagePurpose::ServerAuth)?;
+    Ok((ca.files, serving))
+}
+
 impl Ca {
     fn new(dir: &Path, file: &str, cn: &str) -> Result<Self> {
         let key = KeyPair::generate()?;

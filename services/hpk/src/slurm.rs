@@ -206,6 +206,7 @@ pub fn node(args: &NodeArgs) -> Result<i32> {
             role,
             address,
             image: args.image.clone(),
+            client_ca_file: None,
         })
     })()
     .and_then(|bubble_args| bubble::run(&bubble_args));

@@ -1,6 +1,7 @@
 //! Connector mode against the real control plane: the harness's cluster (with its ordinary
-//! HPK node `node1`) is the "existing cluster"; test host `remote` runs a pod-runtime serving
-//! CRI over mutual TLS (an HPC allocation's side); test host `connector` runs hpk-kubelet as
+//! HPK node `node1`) is the "existing cluster"; test host `remote` runs a runtime bubble
+//! (`hpk bubble --role runtime`: a pod-runtime serving CRI over mutual TLS, an HPC
+//! allocation's side); test host `connector` runs hpk-kubelet as
 //! `examples/hpk-connector.yaml`'s Deployment runs it — its arguments and environment, the
 //! manifest's ServiceAccount and RBAC as its identity — with the example pods.
 
@@ -9,7 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hpk_integration::connector::RemoteRuntime;
+use hpk_integration::connector::RuntimeBubble as RemoteRuntime;
 use hpk_integration::process::Process;
 use hpk_proto::podruntime::v1::AllocationRequest;
 use hpk_proto::podruntime::v1::remote_client::RemoteClient;
@@ -176,18 +177,24 @@ async fn version_with(endpoint: &str, ca: &Path, cert: Option<(&[u8], &[u8])>) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
+    let Some(image) = hpk_integration::bubble_image() else { return };
     let Some(c) = Cluster::start_with(None, &["connector", "remote"]).await else { return };
     let bin_dir = Path::new(KUBELET).parent().expect("bin dir");
+    let (home, state) = (c.dir.path().join("remote-home"), c.dir.path().join("remote-state"));
+    for d in [&home, &state] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
     let mut remote = RemoteRuntime::start(
         &c.cp,
         "remote",
-        &c.dir.path().join("remote"),
-        bin_dir,
+        &bin_dir.join("hpk"),
+        &image,
+        (&home, &state),
         Some(&c.registry.host_port()),
         POD_CIDR,
         CONNECTOR,
     )
-    .expect("remote runtime");
+    .expect("runtime bubble");
 
     // Security first: only the connector's certificate gets an answer.
     let creds = remote.credentials.clone();
@@ -353,52 +360,10 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     let answer = through_port_forward(&c, "nginx-toleration", 18081).await;
     assert!(answer.ends_with(hpk_integration::image::HTTPD_INDEX), "{answer}");
 
-    // Cut the link: the runtime's listener stops. The node turns NotReady and its pods report
-    // it; restored, the node is Ready and the same containers are adopted, never restarted.
+    // Cut the link: the runtime's port refuses connections (TCP resets), as when its listener
+    // is gone. The node turns NotReady and its pods report it; restored, the node is Ready and
+    // the same containers are adopted, never restarted.
     let before = container_identity(&pods.get("nginx-toleration").await.expect("pod")).expect("running");
-    remote.stop_runtime();
-    let cut = Instant::now();
-    loop {
-        if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
-            break;
-        }
-        assert!(
-            cut.elapsed() < Duration::from_secs(40),
-            "still Ready 40 s after the cut\n{}",
-            logs(&remote, &kubelet)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("NotReady {:.1} s after the link was cut", cut.elapsed().as_secs_f64());
-    eventually(&c, "nginx-toleration reports NotReady", Duration::from_secs(30), || {
-        let pods = pods.clone();
-        async move { (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(()) }
-    })
-    .await;
-    remote.start_runtime().expect("runtime again");
-    let restored = Instant::now();
-    loop {
-        if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
-            break;
-        }
-        assert!(restored.elapsed() < Duration::from_secs(60), "not Ready again\n{}", logs(&remote, &kubelet));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("Ready {:.1} s after the link came back", restored.elapsed().as_secs_f64());
-    let after = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("nginx-toleration").await.ok()?;
-            (pod_ready(&pod) == Some("True")).then(|| container_identity(&pod)).flatten()
-        }
-    })
-    .await;
-    assert_eq!(after, before, "the container was restarted");
-    let answer = through_port_forward(&c, "nginx-toleration", 18082).await;
-    assert!(answer.ends_with(hpk_integration::image::HTTPD_INDEX), "{answer}");
-
-    // Cut the network instead: the runtime's host drops every packet to its port, so the open
-    // connection goes silent rather than refusing. The same outcome.
     let nft = |script: &str| {
         let out = remote
             .host()
@@ -413,42 +378,58 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         let out = out.expect("nft");
         assert!(out.status.success(), "nft {script}: {}", String::from_utf8_lossy(&out.stderr));
     };
-    nft(&format!(
-        "table inet hpk_cut {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {} drop\n }}\n}}\n",
-        hpk_integration::connector::PORT
-    ));
-    let cut = Instant::now();
-    loop {
-        if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
-            break;
+    let cut_with = |verdict: &str| {
+        format!(
+            "table inet hpk_cut {{\n chain input {{\n  type filter hook input priority 0;\n  tcp dport {} {verdict}\n }}\n}}\n",
+            remote.port()
+        )
+    };
+    for (verdict, what) in [("reject with tcp reset", "refused"), ("drop", "dropped")] {
+        nft(&cut_with(verdict));
+        let cut = Instant::now();
+        loop {
+            if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
+                break;
+            }
+            assert!(
+                cut.elapsed() < Duration::from_secs(40),
+                "still Ready 40 s after the cut\n{}",
+                logs(&remote, &kubelet)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(
-            cut.elapsed() < Duration::from_secs(40),
-            "still Ready 40 s after the cut\n{}",
-            logs(&remote, &kubelet)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        println!("NotReady {:.1} s after the link was cut (connections {what})", cut.elapsed().as_secs_f64());
+        eventually(&c, "nginx-toleration reports NotReady", Duration::from_secs(30), || {
+            let pods = pods.clone();
+            async move { (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(()) }
+        })
+        .await;
+        nft("delete table inet hpk_cut");
+        let restored = Instant::now();
+        loop {
+            if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
+                break;
+            }
+            assert!(
+                restored.elapsed() < Duration::from_secs(60),
+                "not Ready again\n{}",
+                logs(&remote, &kubelet)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!("Ready {:.1} s after the link came back", restored.elapsed().as_secs_f64());
+        let after = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get("nginx-toleration").await.ok()?;
+                (pod_ready(&pod) == Some("True")).then(|| container_identity(&pod)).flatten()
+            }
+        })
+        .await;
+        assert_eq!(after, before, "the container was restarted");
     }
-    println!("NotReady {:.1} s after the network was cut", cut.elapsed().as_secs_f64());
-    nft("delete table inet hpk_cut");
-    let restored = Instant::now();
-    loop {
-        if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
-            break;
-        }
-        assert!(restored.elapsed() < Duration::from_secs(60), "not Ready again\n{}", logs(&remote, &kubelet));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    println!("Ready {:.1} s after the network came back", restored.elapsed().as_secs_f64());
-    let again = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("nginx-toleration").await.ok()?;
-            (pod_ready(&pod) == Some("True")).then(|| container_identity(&pod)).flatten()
-        }
-    })
-    .await;
-    assert_eq!(again, before, "the container was restarted");
+    let answer = through_port_forward(&c, "nginx-toleration", 18082).await;
+    assert!(answer.ends_with(hpk_integration::image::HTTPD_INDEX), "{answer}");
     let out = c.kubectl(&["exec", "nginx-toleration", "--", "cat", "/config/greeting"]);
     assert_eq!(out, "hello over the link");
 
@@ -456,7 +437,12 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         c.kubectl(&["delete", "pod", name, "--wait=false"]);
     }
     kubelet.stop();
-    drop(remote);
+    // The pods' containers go with the bubble; the launcher leaves nothing behind.
+    remote.stop();
+    let leftovers: Vec<_> = std::fs::read_dir(&state)
+        .map(|d| d.flatten().map(|e| e.file_name()).filter(|n| n != "images").collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "the runtime bubble left {leftovers:?} in its state directory");
 }
 
 /// An IPv4 network, enough to check a pod's address.

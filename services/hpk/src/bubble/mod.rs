@@ -29,6 +29,9 @@ use crate::cluster::{self, NodeRecord, Shared};
 use crate::error::{Error, Result};
 use crate::{fds, image, preflight};
 
+/// Where a runtime bubble finds the client CA, in its node directory.
+pub const CLIENT_CA: &str = "connector-client-ca.crt";
+
 /// How long the bubble gets to stop its services after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(45);
 
@@ -40,6 +43,10 @@ pub enum Role {
     Controller,
     /// A node.
     Worker,
+    /// A pod-runtime alone, for a kubelet in another cluster (connector mode): CRI, streaming
+    /// and `hpk.podruntime.v1.Remote` on one published port with mutual TLS, and the
+    /// net-forwarder for pod addresses. No control plane, no kubelet, no tunnel.
+    Runtime,
 }
 
 impl Role {
@@ -48,7 +55,13 @@ impl Role {
         match self {
             Self::Controller => "controller",
             Self::Worker => "worker",
+            Self::Runtime => "runtime",
         }
+    }
+
+    /// Whether the role joins the cluster's pod network (the UDP tunnel between bubbles).
+    pub fn tunnel(self) -> bool {
+        !matches!(self, Self::Runtime)
     }
 
     /// The TCP ports this role publishes (UDP `tunnel` comes on top).
@@ -56,6 +69,7 @@ impl Role {
         match self {
             Self::Controller => &["apiserver", "cert-signer", "kubelet"],
             Self::Worker => &["kubelet"],
+            Self::Runtime => &["runtime"],
         }
     }
 }
@@ -72,9 +86,13 @@ pub struct BubbleArgs {
     /// The node's name.
     #[arg(long)]
     pub node: String,
-    /// Controller (control plane + node) or worker.
+    /// Controller (control plane + node), worker, or runtime (a connector's remote side).
     #[arg(long, value_enum)]
     pub role: Role,
+    /// Role runtime: the CA whose client certificates the runtime accepts (the connector's
+    /// kubelet presents one). Copied into the node's directory.
+    #[arg(long, required_if_eq("role", "runtime"))]
+    pub client_ca_file: Option<PathBuf>,
     /// The host address published ports are bound on and the node is reached at.
     #[arg(long)]
     pub address: Ipv4Addr,
@@ -96,6 +114,9 @@ pub struct NodeOptions {
     /// The CoreDNS image the controller deploys for cluster DNS.
     #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
     pub coredns_image: String,
+    /// Role runtime: the pods' address range (a cluster's nodes take theirs from the API).
+    #[arg(long, default_value = "10.244.0.0/24")]
+    pub pod_cidr: String,
 }
 
 impl NodeOptions {
@@ -104,6 +125,7 @@ impl NodeOptions {
         let mut args: Vec<String> = self.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")).collect();
         args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
         args.push(format!("--coredns-image={}", self.coredns_image));
+        args.push(format!("--pod-cidr={}", self.pod_cidr));
         args
     }
 }
@@ -238,10 +260,22 @@ fn prepare_and_start(
         let port = listener.local_addr().map_err(|e| Error::io("read", "a listener's port", e))?.port();
         sockets.push(((*name).to_owned(), listener.into(), port));
     }
-    let udp = UdpSocket::bind(SocketAddr::from((args.address, 0)))
-        .map_err(|e| port_error("tunnel", args.address, e))?;
-    let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
-    sockets.push(("tunnel".into(), udp.into(), tunnel_port));
+    if args.role.tunnel() {
+        let udp = UdpSocket::bind(SocketAddr::from((args.address, 0)))
+            .map_err(|e| port_error("tunnel", args.address, e))?;
+        let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
+        sockets.push(("tunnel".into(), udp.into(), tunnel_port));
+    }
+    if let Some(ca) = &args.client_ca_file {
+        let pem = std::fs::read(ca).map_err(|e| Error::io("read", ca.display(), e))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(Error::Invalid(format!(
+                "--client-ca-file {}: no PEM certificate in it",
+                ca.display()
+            )));
+        }
+        cluster::write_file(&node_dir.join(CLIENT_CA), &pem, 0o644)?;
+    }
 
     let write = |rel: &str, text: String| cluster::write_file(&node_dir.join(rel), text.as_bytes(), 0o644);
     // Outbound DNS through slirp4netns' resolver; the node's name is the host's address.

@@ -10,6 +10,7 @@
 mod controller;
 mod node;
 mod relay;
+mod runtime;
 mod supervisor;
 
 use std::net::Ipv4Addr;
@@ -115,10 +116,14 @@ pub async fn supervise(args: InitArgs) -> Result<i32> {
     egress_nat().await?;
     let mut sup = supervisor::Supervisor::new(PathBuf::from(crate::bubble::spec::NODE_DIR).join("logs"));
     let result = async {
-        if args.role == Role::Controller {
-            controller::start(&args, &mut sup).await?;
+        match args.role {
+            Role::Controller => {
+                controller::start(&args, &mut sup).await?;
+                node::start(&args, &mut sup).await
+            }
+            Role::Worker => node::start(&args, &mut sup).await,
+            Role::Runtime => runtime::start(&args, &mut sup).await,
         }
-        node::start(&args, &mut sup).await
     };
     let outcome = tokio::select! {
         r = result => r,

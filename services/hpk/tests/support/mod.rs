@@ -16,16 +16,7 @@ pub mod slurm;
 
 /// The bubble image the tests run (`make images` builds it).
 pub fn image() -> Option<PathBuf> {
-    let path = std::env::var_os("HPK_IMAGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/images/hpk-bubble"));
-    if path.join("index.json").is_file() {
-        return Some(path);
-    }
-    let why = format!("no hpk-bubble image at {} (make images)", path.display());
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
-    eprintln!("SKIPPED: {why}");
-    None
+    hpk_integration::bubble_image()
 }
 
 /// Whether the tools the tests use are present (else the test prints why and returns).
