@@ -513,3 +513,32 @@ async fn rootless_as_an_unprivileged_user() {
     let left = env.leftovers(&footprint);
     assert!(left.is_empty(), "{left:#?}");
 }
+
+/// `hpk bubble --role runtime` (connector mode's remote side) refuses a missing or unusable
+/// client CA before it makes anything.
+#[test]
+fn a_runtime_bubble_refuses_a_bad_client_ca_and_makes_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (home, state) = (dir.path().join("home"), dir.path().join("state"));
+    let junk = dir.path().join("junk.crt");
+    std::fs::write(&junk, "not a certificate\n").expect("write");
+    let cases: [(Vec<String>, i32, &str); 3] = [
+        (vec![], 2, "--client-ca-file"),
+        (vec![format!("--client-ca-file={}", junk.display())], 78, "--client-ca-file"),
+        (vec![format!("--client-ca-file={}", dir.path().join("gone.crt").display())], 78, "gone.crt"),
+    ];
+    for (extra, code, says) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hpk"))
+            .args(["bubble", "--role=runtime", "--cluster=c", "--node=n", "--address=127.0.0.1"])
+            .arg(format!("--image={}", dir.path().join("image").display()))
+            .args(&extra)
+            .env("HPK_HOME", &home)
+            .env("HPK_STATE_DIR", &state)
+            .output()
+            .expect("run hpk bubble");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {stderr}");
+        assert!(stderr.contains(says), "{extra:?}: expected {says:?} in {stderr}");
+        assert!(!home.exists() && !state.exists(), "{extra:?} made files");
+    }
+}

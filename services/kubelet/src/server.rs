@@ -23,6 +23,8 @@ const RUNTIME_WAIT: Duration = Duration::from_secs(30);
 /// Runs the kubelet until `shutdown`.
 pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
     let node_name = args.node_name().map_err(Error::Config)?;
+    // The remote runtime's files first: a bad one refuses the start before anything is made.
+    let remote = if args.connector() { Some(remote_credentials(&args)?) } else { None };
     hpk_rpc::unix::ensure_private_dir(&args.root_dir)?;
     let pods_dir = args.root_dir.join("pods");
     std::fs::create_dir_all(&pods_dir)
@@ -32,7 +34,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         .map_err(|e| Error::Config(format!("creating {}: {e}", logs_dir.display())))?;
 
     let client = client(&args).await?;
-    let cri = connect_runtime(&args, &shutdown).await?;
+    let cri = connect_runtime(&args, remote, &shutdown).await?;
     let remote_capacity = match &cri.remote {
         Some(remote) => Some(remote_capacity(remote, args.max_pods).await?),
         None => None,
@@ -180,19 +182,27 @@ fn remote_credentials(args: &KubeletArgs) -> Result<crate::cri::RemoteCredential
         let path = path.as_ref().ok_or_else(|| Error::Config(format!("--runtime-endpoint needs {flag}")))?;
         hpk_rpc::mtls::read_pem_file(flag, path, secret).map_err(Error::Config)
     };
-    Ok(crate::cri::RemoteCredentials {
+    let creds = crate::cri::RemoteCredentials {
         ca: read("--runtime-ca-file", &args.runtime_ca_file, false)?,
         cert: read("--runtime-cert-file", &args.runtime_cert_file, false)?,
         key: read("--runtime-key-file", &args.runtime_key_file, true)?,
         server_name: args.runtime_server_name.clone(),
-    })
+    };
+    // Parsed now, so a file that is no certificate or key is named at start.
+    hpk_rpc::mtls::client_config(&creds.ca, &creds.cert, &creds.key, &[])
+        .map_err(|e| Error::Config(format!("the remote runtime's credentials: {e}")))?;
+    Ok(creds)
 }
 
 /// Connects to the runtime, waiting a bounded time for it to answer `Version`.
-async fn connect_runtime(args: &KubeletArgs, shutdown: &CancellationToken) -> Result<Cri> {
-    let (socket, remote) = match (&args.runtime_socket, &args.runtime_endpoint) {
-        (_, Some(endpoint)) => (endpoint.clone(), Some(remote_credentials(args)?)),
-        (Some(path), None) => (path.display().to_string(), None),
+async fn connect_runtime(
+    args: &KubeletArgs,
+    remote: Option<crate::cri::RemoteCredentials>,
+    shutdown: &CancellationToken,
+) -> Result<Cri> {
+    let socket = match (&args.runtime_socket, &args.runtime_endpoint) {
+        (_, Some(endpoint)) => endpoint.clone(),
+        (Some(path), None) => path.display().to_string(),
         (None, None) => return Err(Error::Config("give --runtime-socket or --runtime-endpoint".into())),
     };
     let deadline = tokio::time::Instant::now() + RUNTIME_WAIT;

@@ -468,3 +468,73 @@ mod ipnet_check {
         }
     }
 }
+
+/// A certificate and key pair in PEM, from a throwaway CA (rcgen).
+fn pem_pair() -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert =
+        rcgen::CertificateParams::new(vec!["x".to_owned()]).expect("params").self_signed(&key).expect("cert");
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn connector_flags_and_files_are_checked_before_anything_is_made() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = dir.path().join("state");
+    let (cert, key) = pem_pair();
+    let write = |name: &str, text: &str, mode: u32| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        path.display().to_string()
+    };
+    let (ca, crt) = (write("ca.crt", &cert, 0o644), write("tls.crt", &cert, 0o644));
+    let (open_key, private_key) = (write("open.key", &key, 0o644), write("tls.key", &key, 0o600));
+    let junk = write("junk.crt", "not a certificate\n", 0o644);
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(KUBELET)
+            .args([
+                "--node-ip=10.0.0.1",
+                &format!("--root-dir={}", root.display()),
+                "--kubeconfig=/nonexistent",
+            ])
+            .args(extra)
+            .output()
+            .expect("run hpk-kubelet");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let endpoint = "--runtime-endpoint=https://10.0.0.7:7443";
+    let cases: [(Vec<String>, Option<i32>, &str); 5] = [
+        (vec!["--runtime-endpoint=http://10.0.0.7:7443".into()], Some(2), "https://HOST:PORT"),
+        (vec![endpoint.into()], Some(2), "--runtime-ca-file"),
+        (
+            vec![
+                endpoint.into(),
+                format!("--runtime-ca-file={ca}"),
+                format!("--runtime-cert-file={crt}"),
+                format!("--runtime-key-file={open_key}"),
+            ],
+            Some(78),
+            "chmod 0600",
+        ),
+        (
+            vec![
+                endpoint.into(),
+                format!("--runtime-ca-file={junk}"),
+                format!("--runtime-cert-file={crt}"),
+                format!("--runtime-key-file={private_key}"),
+            ],
+            Some(78),
+            "the remote runtime's credentials",
+        ),
+        (vec![], Some(2), "--runtime-socket"),
+    ];
+    for (args, code, says) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (got, stderr) = run(&args);
+        assert_eq!(got, code, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: expected {says:?} in {stderr}");
+        assert!(!root.exists(), "{args:?} made {}", root.display());
+    }
+}

@@ -87,6 +87,11 @@ pub enum Error {
 
 /// Serves CRI until `shutdown`. Sandboxes and containers keep running after the runtime exits.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Error> {
+    // --listen's files first: a bad one refuses the start before anything is made.
+    let remote_tls = match args.listen {
+        Some(addr) => Some((addr, RemoteTls::read(&args)?)),
+        None => None,
+    };
     let pause_binary = match args.pause_binary.clone() {
         Some(path) => path,
         None => std::env::current_exe()
@@ -161,11 +166,11 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
             )
     };
     let local = hpk_rpc::serve(hpk_rpc::Listener::unix(&args.socket)?, cri(&runtime), shutdown.clone());
-    let Some(addr) = args.listen else {
+    let Some((addr, tls)) = remote_tls else {
         local.await?;
         return Ok(());
     };
-    let listener = remote_listener(&args, addr, &runtime).await?;
+    let listener = remote_listener(&tls, addr, &runtime).await?;
     let services = cri(&runtime)
         .with(crate::remote::remote_server(runtime.clone(), args.max_pods))
         .describe(hpk_proto::FILE_DESCRIPTOR_SET);
@@ -176,24 +181,44 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
     Ok(())
 }
 
+/// The PEM files of `--listen`.
+struct RemoteTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Vec<u8>,
+}
+
+impl RemoteTls {
+    /// Reads them; the key must be 0600 (or stricter).
+    fn read(args: &ServeArgs) -> Result<Self, Error> {
+        let read = |flag: &str, path: &Option<PathBuf>, secret: bool| -> Result<Vec<u8>, Error> {
+            let path = path.as_ref().ok_or_else(|| Error::Config(format!("--listen needs {flag}")))?;
+            hpk_rpc::mtls::read_pem_file(flag, path, secret).map_err(Error::Config)
+        };
+        let tls = Self {
+            cert: read("--tls-cert-file", &args.tls_cert_file, false)?,
+            key: read("--tls-private-key-file", &args.tls_private_key_file, true)?,
+            client_ca: read("--client-ca-file", &args.client_ca_file, false)?,
+        };
+        // Parsed now too, so a file that is no certificate or key is refused before anything
+        // is made.
+        hpk_rpc::mtls::server_config(&tls.cert, &tls.key, &tls.client_ca)
+            .map_err(|e| Error::Config(format!("--listen: {e}")))?;
+        Ok(tls)
+    }
+}
+
 /// The mutual-TLS listener of `--listen`, its HTTP/1.1 sessions handed to the streaming server.
 async fn remote_listener(
-    args: &ServeArgs,
+    tls: &RemoteTls,
     addr: std::net::SocketAddr,
     runtime: &std::sync::Arc<Runtime>,
 ) -> Result<hpk_rpc::Listener, Error> {
-    let read = |flag: &str, path: &Option<PathBuf>, secret: bool| -> Result<Vec<u8>, Error> {
-        let path = path.as_ref().ok_or_else(|| Error::Config(format!("--listen needs {flag}")))?;
-        hpk_rpc::mtls::read_pem_file(flag, path, secret).map_err(Error::Config)
-    };
-    let cert = read("--tls-cert-file", &args.tls_cert_file, false)?;
-    let key = read("--tls-private-key-file", &args.tls_private_key_file, true)?;
-    let client_ca = read("--client-ca-file", &args.client_ca_file, false)?;
     let streaming = runtime.clone();
     let handler: hpk_rpc::mtls::Http1Handler =
         std::sync::Arc::new(move |session| match streaming.streaming() {
             Ok(server) => server.serve_connection(session),
             Err(error) => tracing::warn!(%error, "closing a streaming session"),
         });
-    Ok(hpk_rpc::Listener::mutual_tls(addr, &cert, &key, &client_ca).await?.with_http1(handler))
+    Ok(hpk_rpc::Listener::mutual_tls(addr, &tls.cert, &tls.key, &tls.client_ca).await?.with_http1(handler))
 }

@@ -150,6 +150,8 @@ pub struct Launched {
 pub fn run(args: &BubbleArgs) -> Result<i32> {
     // The state directory is named after the host's UID, read before any user namespace.
     cluster::host_uid();
+    // Bad input is refused before anything is made.
+    client_ca(args)?;
     preflight::check_all()?;
     let shared = Shared::new(&args.cluster)?;
     cluster::check_label(&args.node, "node name")?;
@@ -182,6 +184,15 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     let outcome = wait(&launched, &signals);
     launched.teardown();
     outcome
+}
+
+/// The PEM certificates of `--client-ca-file`, when given: readable, and certificates.
+fn client_ca(args: &BubbleArgs) -> Result<Option<Vec<u8>>> {
+    let Some(path) = &args.client_ca_file else { return Ok(None) };
+    let pem = hpk_rpc::mtls::read_pem_file("--client-ca-file", path, false).map_err(Error::Invalid)?;
+    hpk_rpc::mtls::certificates("--client-ca-file", &pem)
+        .map_err(|e| Error::Invalid(format!("{e} ({})", path.display())))?;
+    Ok(Some(pem))
 }
 
 /// Whether the launcher runs in a user namespace of its own (see [`run`]): then only one ID
@@ -266,14 +277,7 @@ fn prepare_and_start(
         let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
         sockets.push(("tunnel".into(), udp.into(), tunnel_port));
     }
-    if let Some(ca) = &args.client_ca_file {
-        let pem = std::fs::read(ca).map_err(|e| Error::io("read", ca.display(), e))?;
-        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(Error::Invalid(format!(
-                "--client-ca-file {}: no PEM certificate in it",
-                ca.display()
-            )));
-        }
+    if let Some(pem) = client_ca(args)? {
         cluster::write_file(&node_dir.join(CLIENT_CA), &pem, 0o644)?;
     }
 

@@ -46,15 +46,22 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let shutdown = hpk_rpc::shutdown::on_signal().map_err(|e| e.to_string())?;
-        hpk_pod_runtime::server::run(cli.serve, shutdown).await.map_err(|e| e.to_string())
+        let shutdown = hpk_rpc::shutdown::on_signal().map_err(|e| (e.to_string(), ExitCode::FAILURE))?;
+        hpk_pod_runtime::server::run(cli.serve, shutdown).await.map_err(|e| {
+            // A configuration at fault is EX_CONFIG, as in every HPK binary.
+            let code = match e {
+                hpk_pod_runtime::server::Error::Config(_) => ExitCode::from(78),
+                _ => ExitCode::FAILURE,
+            };
+            (e.to_string(), code)
+        })
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err((e, code)) => {
             tracing::error!(error = %e, "hpk-pod-runtime failed");
             eprintln!("hpk-pod-runtime: {e}");
-            ExitCode::FAILURE
+            code
         }
     }
 }
