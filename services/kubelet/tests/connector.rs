@@ -113,6 +113,18 @@ async fn connector_node(c: &Cluster) -> Option<Node> {
     Api::<Node>::all(c.admin.clone()).get_opt(CONNECTOR).await.ok()?
 }
 
+/// Waits until the connector's node's Ready condition is `status`; returns how long it took.
+async fn wait_ready(c: &Cluster, status: &str, within: Duration, logs: impl Fn() -> String) -> Duration {
+    let started = Instant::now();
+    loop {
+        if connector_node(c).await.as_ref().and_then(ready) == Some(status) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "{CONNECTOR} not Ready={status} within {within:?}\n{}", logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn ready(node: &Node) -> Option<&str> {
     node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
 }
@@ -245,18 +257,8 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     };
 
     // The node: Ready, tainted, labelled, with the remote side's allocation as its capacity.
-    let started = Instant::now();
-    let node = loop {
-        if let Some(node) = connector_node(&c).await.filter(|n| ready(n) == Some("True")) {
-            break node;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no Ready {CONNECTOR}\n{}",
-            logs(&remote, &kubelet)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    wait_ready(&c, "True", Duration::from_secs(60), || logs(&remote, &kubelet)).await;
+    let node = connector_node(&c).await.expect("the connector's node");
     let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
     assert!(
         taints.iter().any(|t| t.key == "hpk.io/connector"
@@ -386,38 +388,16 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     };
     for (verdict, what) in [("reject with tcp reset", "refused"), ("drop", "dropped")] {
         nft(&cut_with(verdict));
-        let cut = Instant::now();
-        loop {
-            if connector_node(&c).await.as_ref().and_then(ready) == Some("False") {
-                break;
-            }
-            assert!(
-                cut.elapsed() < Duration::from_secs(40),
-                "still Ready 40 s after the cut\n{}",
-                logs(&remote, &kubelet)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        println!("NotReady {:.1} s after the link was cut (connections {what})", cut.elapsed().as_secs_f64());
+        let cut = wait_ready(&c, "False", Duration::from_secs(40), || logs(&remote, &kubelet)).await;
+        println!("NotReady {:.1} s after the link was cut (connections {what})", cut.as_secs_f64());
         eventually(&c, "nginx-toleration reports NotReady", Duration::from_secs(30), || {
             let pods = pods.clone();
             async move { (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(()) }
         })
         .await;
         nft("delete table inet hpk_cut");
-        let restored = Instant::now();
-        loop {
-            if connector_node(&c).await.as_ref().and_then(ready) == Some("True") {
-                break;
-            }
-            assert!(
-                restored.elapsed() < Duration::from_secs(60),
-                "not Ready again\n{}",
-                logs(&remote, &kubelet)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        println!("Ready {:.1} s after the link came back", restored.elapsed().as_secs_f64());
+        let restored = wait_ready(&c, "True", Duration::from_secs(60), || logs(&remote, &kubelet)).await;
+        println!("Ready {:.1} s after the link came back", restored.as_secs_f64());
         let after = eventually(&c, "nginx-toleration Ready again", Duration::from_secs(30), || {
             let pods = pods.clone();
             async move {

@@ -93,15 +93,12 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     // Not awaited: the net-forwarder serves once the Node has its podCIDR, which needs the
     // kubelet to register it; the kubelet reports the node NotReady until then.
 
-    let cri_socket = "/run/hpk/cri.sock";
-    let mut runtime = vec![
-        format!("--socket={cri_socket}"),
-        format!("--root={}", p(&node_dir.join("runtime"))),
-        "--pause-binary=/usr/local/bin/hpk-pause".into(),
-        format!("--net-forwarder-socket={nf_socket}"),
-    ];
-    runtime.extend(args.options.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
-    sup.start(Service::new("hpk-pod-runtime", "/usr/local/bin/hpk-pod-runtime", runtime))?;
+    let cri_socket = CRI_SOCKET;
+    sup.start(Service::new(
+        "hpk-pod-runtime",
+        "/usr/local/bin/hpk-pod-runtime",
+        runtime_args(args, nf_socket),
+    ))?;
     wait(
         sup,
         "hpk-pod-runtime",
@@ -139,6 +136,22 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         kube_proxy_args(&args.node, args.address, &proxy_kubeconfig),
     ))?;
     Ok(())
+}
+
+/// The pod-runtime's CRI socket in every bubble.
+pub(super) const CRI_SOCKET: &str = "/run/hpk/cri.sock";
+
+/// The pod-runtime's flags every bubble gives it: its socket, state, pause, the
+/// net-forwarder's socket and the registries allowed over plain HTTP.
+pub(super) fn runtime_args(args: &InitArgs, nf_socket: &str) -> Vec<String> {
+    let mut runtime = vec![
+        format!("--socket={CRI_SOCKET}"),
+        format!("--root={}", Path::new(NODE_DIR).join("runtime").display()),
+        "--pause-binary=/usr/local/bin/hpk-pause".into(),
+        format!("--net-forwarder-socket={nf_socket}"),
+    ];
+    runtime.extend(args.options.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+    runtime
 }
 
 fn read(path: &Path) -> Result<String> {

@@ -46,18 +46,13 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     })
     .await?;
 
-    let cri_socket = "/run/hpk/cri.sock";
-    let mut runtime = vec![
-        format!("--socket={cri_socket}"),
-        format!("--root={}", p(&node_dir.join("runtime"))),
-        "--pause-binary=/usr/local/bin/hpk-pause".into(),
-        format!("--net-forwarder-socket={nf_socket}"),
+    let mut runtime = super::node::runtime_args(args, nf_socket);
+    runtime.extend([
         format!("--listen=127.0.0.1:{port}"),
         format!("--tls-cert-file={}", p(&serving.cert)),
         format!("--tls-private-key-file={}", p(&serving.key)),
         format!("--client-ca-file={}", p(&node_dir.join(CLIENT_CA))),
-    ];
-    runtime.extend(args.options.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
+    ]);
     sup.start(Service::new("hpk-pod-runtime", "/usr/local/bin/hpk-pod-runtime", runtime))?;
     wait(sup, "hpk-pod-runtime", "hpk-pod-runtime's mutual-TLS port", move || async move {
         Ok(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok())

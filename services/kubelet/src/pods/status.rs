@@ -234,25 +234,41 @@ mod tests {
         status.conditions.as_ref().expect("conditions").iter().find(|c| c.type_ == kind).expect(kind)
     }
 
-    #[test]
-    fn running_ready_pod_reports_addresses_and_ready_conditions() {
-        let mut c = ContainerRecord::new("a", "i", false);
+    /// One running, ready container and the view of its pod; `node_not_ready` as given.
+    fn running(name: &str) -> ContainerRecord {
+        let mut c = ContainerRecord::new(name, "i", false);
         c.id = Some("abc".into());
         c.state = State::Running { started_at: Timestamp::UNIX_EPOCH };
         c.ready = true;
         c.started = true;
-        let ips = ["10.244.1.5".to_owned()];
-        let view = View {
+        c
+    }
+
+    const IPS: [&str; 1] = ["10.244.1.5"];
+
+    fn running_view<'a>(
+        c: &'a ContainerRecord,
+        ips: &'a [String],
+        node_not_ready: Option<&'a str>,
+    ) -> View<'a> {
+        View {
             phase: Phase::Running,
             reason: None,
             sandbox_ready: true,
             initialized: true,
-            pod_ips: &ips,
+            pod_ips: ips,
             host_ip: "10.250.0.11",
             start_time: Some(Timestamp::UNIX_EPOCH),
-            containers: std::slice::from_ref(&c),
-            node_not_ready: None,
-        };
+            containers: std::slice::from_ref(c),
+            node_not_ready,
+        }
+    }
+
+    #[test]
+    fn running_ready_pod_reports_addresses_and_ready_conditions() {
+        let c = running("a");
+        let ips = IPS.map(str::to_owned);
+        let view = running_view(&c, &ips, None);
         let now = Timestamp::now();
         let status = compute(&pod(), &view, now);
         assert_eq!(status.phase.as_deref(), Some("Running"));
@@ -271,23 +287,9 @@ mod tests {
 
     #[test]
     fn a_running_pod_on_a_node_that_is_not_ready_is_not_ready() {
-        let mut c = ContainerRecord::new("web", "i", false);
-        c.id = Some("abc".into());
-        c.state = State::Running { started_at: Timestamp::UNIX_EPOCH };
-        c.ready = true;
-        c.started = true;
-        let ips = ["10.244.1.5".to_owned()];
-        let view = View {
-            phase: Phase::Running,
-            reason: None,
-            sandbox_ready: true,
-            initialized: true,
-            pod_ips: &ips,
-            host_ip: "10.250.0.11",
-            start_time: Some(Timestamp::UNIX_EPOCH),
-            containers: std::slice::from_ref(&c),
-            node_not_ready: Some("Status failed: connection refused"),
-        };
+        let c = running("web");
+        let ips = IPS.map(str::to_owned);
+        let view = running_view(&c, &ips, Some("Status failed: connection refused"));
         let status = compute(&pod(), &view, Timestamp::now());
         let ready = find(&status, "Ready");
         assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("NodeNotReady")));
