@@ -19,6 +19,9 @@ use crate::{Error, Result};
 pub struct Credentials {
     /// `https://IP:PORT`.
     pub endpoint: String,
+    /// The file the bubble wrote it to (`runtime-endpoint`, with its newline), as a user
+    /// puts it into the connector's Secret.
+    pub endpoint_file: PathBuf,
     /// The CA of the runtime's certificate (the bubble's own, from its `runtime-ca.crt`).
     pub ca: PathBuf,
     /// The connector's client certificate (from the harness's client CA).
@@ -101,7 +104,8 @@ impl RuntimeBubble {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         };
-        let credentials = Credentials { endpoint, ca: shared.join("runtime-ca.crt"), cert, key };
+        let credentials =
+            Credentials { endpoint, endpoint_file, ca: shared.join("runtime-ca.crt"), cert, key };
         let logs_dir = state.join(&cluster).join(name).join("logs");
         Ok(Self { launcher: Some(launcher), host, logs_dir, credentials })
     }

@@ -179,6 +179,8 @@ pub const CONNECTOR_TAINT_KEY: &str = "hpk.io/connector";
 
 /// `https://HOST:PORT`, nothing else.
 fn parse_endpoint(text: &str) -> Result<String, String> {
+    // A file's content (a runtime bubble's runtime-endpoint) ends with a newline.
+    let text = text.trim();
     let uri: http::Uri = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
     let path_ok = uri.path_and_query().is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty());
     match (uri.scheme_str(), uri.authority()) {
@@ -240,6 +242,7 @@ mod tests {
     fn endpoints_are_https_with_a_port() {
         assert_eq!(parse_endpoint("https://10.1.2.3:7443").as_deref(), Ok("https://10.1.2.3:7443"));
         assert_eq!(parse_endpoint("https://gpu-01.hpc:7443/").as_deref(), Ok("https://gpu-01.hpc:7443"));
+        assert_eq!(parse_endpoint("https://10.1.2.3:7443\n").as_deref(), Ok("https://10.1.2.3:7443"));
         for bad in ["http://10.1.2.3:7443", "https://10.1.2.3", "10.1.2.3:7443", "https://h:1/x", ""] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }

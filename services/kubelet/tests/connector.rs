@@ -70,7 +70,10 @@ fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path, kubeconfig
         let name = env["name"].as_str().expect("name");
         let value = match name {
             "HPK_NODE_IP" => host.ip.to_string(),
-            "HPK_RUNTIME_ENDPOINT" => remote.credentials.endpoint.clone(),
+            // The Secret's `endpoint`: the bubble's runtime-endpoint file as it is.
+            "HPK_RUNTIME_ENDPOINT" => {
+                std::fs::read_to_string(&remote.credentials.endpoint_file).expect("endpoint")
+            }
             _ => env["value"].as_str().expect("value").to_owned(),
         };
         cmd.env(name, value);

@@ -165,12 +165,16 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
                     .max_encoding_message_size(MAX_MESSAGE),
             )
     };
+    // The TCP port first: if it cannot be bound, no socket file is left behind.
+    let remote_listener = match remote_tls {
+        Some((addr, tls)) => Some(remote_listener(&tls, addr, &runtime).await?),
+        None => None,
+    };
     let local = hpk_rpc::serve(hpk_rpc::Listener::unix(&args.socket)?, cri(&runtime), shutdown.clone());
-    let Some((addr, tls)) = remote_tls else {
+    let Some(listener) = remote_listener else {
         local.await?;
         return Ok(());
     };
-    let listener = remote_listener(&tls, addr, &runtime).await?;
     let services = cri(&runtime)
         .with(crate::remote::remote_server(runtime.clone(), args.max_pods))
         .describe(hpk_proto::FILE_DESCRIPTOR_SET);
