@@ -75,21 +75,16 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         &client,
     )?;
 
-    let nf_socket = "/run/hpk/net-forwarder.sock";
-    sup.start(Service::new(
-        "hpk-net-forwarder",
-        "/usr/local/bin/hpk-net-forwarder",
-        vec![
-            "serve".into(),
-            format!("--socket={nf_socket}"),
-            format!("--state-dir={}", p(&node_dir.join("net-forwarder"))),
-            format!("--kubeconfig={}", p(&kubeconfig)),
-            format!("--node-name={}", args.node),
-            format!("--tunnel-fd={tunnel_fd}"),
-            format!("--tunnel-key-file={}", p(&shared.join("tunnel-key"))),
-            format!("--tunnel-advertise={}", args.address),
-        ],
-    ))?;
+    let nf_socket = NF_SOCKET;
+    let mut net_forwarder = net_forwarder_args();
+    net_forwarder.extend([
+        format!("--kubeconfig={}", p(&kubeconfig)),
+        format!("--node-name={}", args.node),
+        format!("--tunnel-fd={tunnel_fd}"),
+        format!("--tunnel-key-file={}", p(&shared.join("tunnel-key"))),
+        format!("--tunnel-advertise={}", args.address),
+    ]);
+    sup.start(Service::new("hpk-net-forwarder", "/usr/local/bin/hpk-net-forwarder", net_forwarder))?;
     // Not awaited: the net-forwarder serves once the Node has its podCIDR, which needs the
     // kubelet to register it; the kubelet reports the node NotReady until then.
 
@@ -136,6 +131,19 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         kube_proxy_args(&args.node, args.address, &proxy_kubeconfig),
     ))?;
     Ok(())
+}
+
+/// The net-forwarder's socket in every bubble.
+pub(super) const NF_SOCKET: &str = "/run/hpk/net-forwarder.sock";
+
+/// The net-forwarder's flags every bubble gives it: serve on its socket, state in the node
+/// directory.
+pub(super) fn net_forwarder_args() -> Vec<String> {
+    vec![
+        "serve".into(),
+        format!("--socket={NF_SOCKET}"),
+        format!("--state-dir={}", Path::new(NODE_DIR).join("net-forwarder").display()),
+    ]
 }
 
 /// The pod-runtime's CRI socket in every bubble.

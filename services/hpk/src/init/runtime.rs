@@ -30,17 +30,10 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         &[IpAddr::V4(args.address), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
     )?;
 
-    let nf_socket = "/run/hpk/net-forwarder.sock";
-    sup.start(Service::new(
-        "hpk-net-forwarder",
-        "/usr/local/bin/hpk-net-forwarder",
-        vec![
-            "serve".into(),
-            format!("--socket={nf_socket}"),
-            format!("--state-dir={}", p(&node_dir.join("net-forwarder"))),
-            format!("--pod-cidr={}", args.options.pod_cidr),
-        ],
-    ))?;
+    let nf_socket = super::node::NF_SOCKET;
+    let mut net_forwarder = super::node::net_forwarder_args();
+    net_forwarder.push(format!("--pod-cidr={}", args.options.pod_cidr));
+    sup.start(Service::new("hpk-net-forwarder", "/usr/local/bin/hpk-net-forwarder", net_forwarder))?;
     wait(sup, "hpk-net-forwarder", "hpk-net-forwarder's socket", || async move {
         Ok(Path::new(nf_socket).exists())
     })

@@ -61,7 +61,7 @@ pub fn filesystem(path: &Path) -> Result<Filesystem, NodeError> {
 pub fn memory_available() -> Result<i64, NodeError> {
     let path = Path::new("/proc/meminfo");
     meminfo_bytes(&read_text(path)?, "MemAvailable")
-        .ok_or_else(|| NodeError::Parse { what: "MemAvailable", path: path.into() })
+        .ok_or_else(|| hpk_node_resources::Error::Parse { what: "MemAvailable", path: path.into() }.into())
 }
 
 /// PIDs in use and the limit on them.
@@ -81,7 +81,7 @@ pub fn pids() -> Result<Pids, NodeError> {
         read_text(Path::new(path))?
             .trim()
             .parse()
-            .map_err(|_| NodeError::Parse { what: "a number", path: path.into() })
+            .map_err(|_| hpk_node_resources::Error::Parse { what: "a number", path: path.into() }.into())
     };
     let pid_max = number("/proc/sys/kernel/pid_max")?;
     let threads_max = number("/proc/sys/kernel/threads-max").ok();
@@ -98,7 +98,7 @@ fn loadavg_tasks(text: &str) -> Option<i64> {
 }
 
 fn count_processes() -> Result<i64, NodeError> {
-    let entries = std::fs::read_dir("/proc").map_err(|source| NodeError::Read {
+    let entries = std::fs::read_dir("/proc").map_err(|source| hpk_node_resources::Error::Read {
         what: "process list",
         path: "/proc".into(),
         source,

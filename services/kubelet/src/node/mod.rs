@@ -84,25 +84,9 @@ pub struct NodeState {
 /// Why the node could not be registered or measured.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// A system file or figure could not be read.
-    #[error("cannot read {what} from {path}")]
-    Read {
-        /// What was read.
-        what: &'static str,
-        /// Where from.
-        path: PathBuf,
-        /// Why not.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A system file did not say what it should.
-    #[error("cannot parse {what} in {path}")]
-    Parse {
-        /// What was looked for.
-        what: &'static str,
-        /// Where.
-        path: PathBuf,
-    },
+    /// A system file or figure could not be read or parsed.
+    #[error(transparent)]
+    System(#[from] hpk_node_resources::Error),
     /// The API server refused the Node for a reason retrying does not cure.
     #[error("cannot register node {node}")]
     Register {
@@ -379,11 +363,11 @@ mod tests {
 
     #[test]
     fn an_error_chain_reads_outer_to_root() {
-        let e = NodeError::Read {
+        let e = NodeError::from(hpk_node_resources::Error::Read {
             what: "file",
             path: "/proc/x".into(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        };
+        });
         assert_eq!(error_chain(&e), "cannot read file from /proc/x: entity not found");
     }
 
