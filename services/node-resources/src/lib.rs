@@ -1,4 +1,5 @@
-//! A node's capacity: what the Slurm allocation grants, else what the machine has.
+//! A node's capacity — what the Slurm allocation grants, else what the machine has — and the
+//! user and group IDs its bubble maps ([`ids`]).
 //!
 //! Shared by the kubelet (the Node's `status.capacity`) and the pod-runtime
 //! (`hpk.podruntime.v1.Remote/Allocation`, for a kubelet on another machine). Figures are
@@ -8,6 +9,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use tracing::warn;
+
+pub mod cgroup;
+pub mod ids;
 
 /// Why a system figure could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +44,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// The variables that list the allocation's GPUs, most authoritative first.
-const GPU_LISTS: [&str; 4] =
-    ["SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"];
+const GPU_LISTS: [&str; 3] = ["SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"];
 
 /// Amounts of the resources a node advertises.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,7 +99,8 @@ fn bytes_quantity(bytes: i64) -> String {
 pub struct Machine {
     /// CPUs this process may run on (affinity and cgroup quota considered).
     pub cpus: u32,
-    /// `MemTotal` of /proc/meminfo, in bytes.
+    /// Memory this process may use, in bytes: its cgroup's limit where one is set and
+    /// readable (a Slurm job confined by `task/cgroup`), else `MemTotal` of /proc/meminfo.
     pub memory: i64,
     /// Size of the filesystem holding the state directory, in bytes.
     pub disk: i64,
@@ -112,8 +116,11 @@ impl Machine {
             source,
         })?;
         let meminfo = read_text(Path::new("/proc/meminfo"))?;
-        let memory = meminfo_bytes(&meminfo, "MemTotal")
+        let total = meminfo_bytes(&meminfo, "MemTotal")
             .ok_or_else(|| Error::Parse { what: "MemTotal", path: "/proc/meminfo".into() })?;
+        let read = |file: &str| std::fs::read_to_string(file).unwrap_or_default();
+        let limit = cgroup::memory_limit(&read("/proc/self/cgroup"), &read("/proc/self/mountinfo"));
+        let memory = limit.map_or(total, |l| l.min(total));
         let disk = filesystem(root_dir)?.total;
         Ok(Self { cpus: u32::try_from(cpus.get()).unwrap_or(u32::MAX), memory, disk })
     }
@@ -190,8 +197,13 @@ fn slurm_memory(env: &dyn Fn(&str) -> Option<String>, cpus: i64) -> Option<i64> 
     Some(mib.saturating_mul(1 << 20))
 }
 
-/// GPUs: `SLURM_GPUS_ON_NODE`, else the length of the first GPU list that is set.
+/// GPUs: the devices of this job step on this node (`SLURM_STEP_GPUS`, which Slurm's GRES
+/// plugin sets for each node of a step), else `SLURM_GPUS_ON_NODE`, else the length of the
+/// first other GPU list that is set.
 fn gpus(env: &dyn Fn(&str) -> Option<String>) -> i64 {
+    if let Some(list) = env("SLURM_STEP_GPUS") {
+        return gpu_list_len("SLURM_STEP_GPUS", &list);
+    }
     if let Some(n) = count(env, "SLURM_GPUS_ON_NODE") {
         return n;
     }
@@ -308,6 +320,12 @@ mod tests {
         assert_eq!(cap(&[("GPU_DEVICE_ORDINAL", "0,1,2,3")]).gpus, 4);
         assert_eq!(cap(&[("SLURM_GPUS_ON_NODE", "1"), ("SLURM_JOB_GPUS", "0,1")]).gpus, 1);
         assert_eq!(cap(&[("SLURM_JOB_GPUS", "0,1"), ("CUDA_VISIBLE_DEVICES", "0")]).gpus, 2);
+        // The batch step's variables reach every node's step: the step's own list wins.
+        assert_eq!(
+            cap(&[("SLURM_STEP_GPUS", "0,1"), ("SLURM_GPUS_ON_NODE", "4"), ("SLURM_JOB_GPUS", "0")]).gpus,
+            2
+        );
+        assert_eq!(cap(&[("SLURM_STEP_GPUS", "NoDevFiles"), ("SLURM_GPUS_ON_NODE", "4")]).gpus, 0);
     }
 
     #[test]
