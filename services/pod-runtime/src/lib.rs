@@ -8,10 +8,13 @@
 //! - [`engine`]: the crun engine: OCI bundles, overlay roots, CRI logs, the mount namespace.
 //! - [`images`]: the OCI image store of the crun engine.
 //! - [`pause`]: the logic of `hpk-pause`, PID 1 of every sandbox.
+//! - [`idmap`]: which user and group IDs exist in this bubble (one, or several).
 //! - [`logshim`]: the per-container process that writes a container's output to its CRI log.
 
 pub mod cri;
 pub mod engine;
+/// The bubble's ID mappings (`hpk-node-resources`).
+pub use hpk_node_resources::ids as idmap;
 pub mod images;
 pub mod logshim;
 pub mod pause;

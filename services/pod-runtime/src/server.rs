@@ -141,6 +141,9 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         pod_logs_root: args.listen.is_some().then(|| args.root.join("pod-logs")),
     };
     let runtime = Runtime::new(config, crun, images)?;
+    if let Some(ids) = runtime.id_mappings() {
+        tracing::info!(mapping = %ids, "user and group IDs of this bubble");
+    }
     runtime.recover().await?;
     if !args.streaming_address.ip().is_loopback() {
         return Err(Error::Config(format!(

@@ -112,8 +112,10 @@ impl RuntimeService for Runtime {
         &self,
         r: Request<cri::ContainerStatusRequest>,
     ) -> Reply<cri::ContainerStatusResponse> {
-        let status = self.0.container_status(&r.into_inner().container_id).await?;
-        Ok(Response::new(cri::ContainerStatusResponse { status: Some(status), ..Default::default() }))
+        let r = r.into_inner();
+        let (status, info) = self.0.container_status_verbose(&r.container_id).await?;
+        let info = if r.verbose { info } else { Default::default() };
+        Ok(Response::new(cri::ContainerStatusResponse { status: Some(status), info }))
     }
 
     async fn status(&self, _: Request<cri::StatusRequest>) -> Reply<cri::StatusResponse> {
@@ -127,6 +129,10 @@ impl RuntimeService for Runtime {
         let info = [
             ("limitsNotEnforced".to_owned(), limits.join("; ")),
             ("engine".to_owned(), self.0.engine_name().to_owned()),
+            (
+                "idMapping".to_owned(),
+                self.0.id_mappings().map_or_else(|| "unknown".to_owned(), ToString::to_string),
+            ),
         ]
         .into_iter()
         .collect();

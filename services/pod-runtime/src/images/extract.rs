@@ -6,6 +6,9 @@
 //! one); the entry itself is created with calls that do not follow a final symlink
 //! (`O_EXCL`, `symlink`, `mknod`, `linkat` without follow). Symlink targets may not climb
 //! out of the layer root either, so the unpacked tree never points outside itself.
+//!
+//! Owners this bubble does not map, and device nodes it cannot make, are handled in
+//! `owners.rs`: the entry stays ours with its intended owner recorded, a device is skipped.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -18,9 +21,10 @@ use std::path::{Component, Path, PathBuf};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags, makedev, mknod, utimensat};
 use nix::sys::time::TimeSpec;
 use tar::EntryType;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::error::{Error, Result};
+use super::owners::{self, Unowned};
 use super::whiteout;
 
 /// Metadata of an entry, from its tar header.
@@ -41,13 +45,14 @@ pub(crate) struct Extractor<'a> {
     // entries, and writing entries changes a directory's mtime.
     dirs: BTreeMap<PathBuf, (u32, Option<i64>)>,
     times: Vec<(PathBuf, i64)>,
+    unowned: Unowned,
 }
 
 impl<'a> Extractor<'a> {
     /// An extractor into the empty directory `root` for the layer `layer` (its diff ID).
     pub(crate) fn new(root: &'a Path, layer: &'a str) -> Self {
         let as_root = nix::unistd::geteuid().is_root();
-        Self { root, layer, as_root, dirs: BTreeMap::new(), times: Vec::new() }
+        Self { root, layer, as_root, dirs: BTreeMap::new(), times: Vec::new(), unowned: Unowned::default() }
     }
 
     /// Writes every entry of `archive`, then applies directory modes and all mtimes.
@@ -167,7 +172,10 @@ impl<'a> Extractor<'a> {
     }
 
     fn directory(&mut self, rel: &Path, path: &Path, meta: Meta, shown: &str) -> Result<()> {
-        if !self.clear(path, true, shown)? {
+        if self.clear(path, true, shown)? {
+            // Declared again: the owner it is given now is the one that counts.
+            owners::forget(path);
+        } else {
             mkdir(path).map_err(Error::unpack(self.layer, "creating", shown))?;
         }
         self.chown(path, meta, shown)?;
@@ -193,7 +201,7 @@ impl<'a> Extractor<'a> {
         io::copy(data, &mut file).map_err(Error::unpack(self.layer, "writing", shown))?;
         // chown before chmod: chown clears setuid and setgid bits.
         if let Err(e) = std::os::unix::fs::fchown(&file, Some(meta.uid), Some(meta.gid)) {
-            self.chown_failed(e, shown)?;
+            self.chown_failed(e, path, meta, shown)?;
         }
         file.set_permissions(fs::Permissions::from_mode(meta.mode)).map_err(Error::unpack(
             self.layer,
@@ -268,32 +276,47 @@ impl<'a> Extractor<'a> {
         self.clear(path, false, shown)?;
         match mknod(path, flag, Mode::from_bits_truncate(meta.mode), dev) {
             Ok(()) => {}
-            // Without root, devices cannot be made; containerd skips them the same way.
-            Err(nix::errno::Errno::EPERM) if !self.as_root && flag != SFlag::S_IFIFO => {
-                warn!(layer = self.layer, path = shown, "device node skipped: not root");
+            // Without root, or as root of a user namespace (a bubble), devices cannot be made;
+            // containerd skips them the same way. FIFOs can always be made.
+            Err(nix::errno::Errno::EPERM) if flag != SFlag::S_IFIFO => {
+                self.unowned.device_skipped(shown);
                 return Ok(());
             }
             Err(e) => return Err(Error::unpack(self.layer, "creating device", shown)(e.into())),
         }
         self.chown(path, meta, shown)?;
+        // mknod applied the umask; the mode asked for is set after the owner, as for files.
+        fs::set_permissions(path, fs::Permissions::from_mode(meta.mode)).map_err(Error::unpack(
+            self.layer,
+            "setting the mode of",
+            shown,
+        ))?;
         self.times.push((rel.to_owned(), meta.mtime));
         Ok(())
     }
 
     /// Sets the owner of `path` itself (never a symlink's target).
-    pub(crate) fn chown(&self, path: &Path, meta: Meta, shown: &str) -> Result<()> {
+    pub(crate) fn chown(&mut self, path: &Path, meta: Meta, shown: &str) -> Result<()> {
         match std::os::unix::fs::lchown(path, Some(meta.uid), Some(meta.gid)) {
             Ok(()) => Ok(()),
-            Err(e) => self.chown_failed(e, shown),
+            Err(e) => self.chown_failed(e, path, meta, shown),
         }
     }
 
-    fn chown_failed(&self, e: io::Error, shown: &str) -> Result<()> {
-        // Without root, files stay ours: the numbers cannot be kept, and that is expected.
-        if !self.as_root && e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) {
-            return Ok(());
+    fn chown_failed(&mut self, e: io::Error, path: &Path, meta: Meta, shown: &str) -> Result<()> {
+        use nix::errno::Errno;
+        match e.raw_os_error().map(Errno::from_raw) {
+            // Without root, files stay ours: the numbers cannot be kept, and that is expected.
+            Some(Errno::EPERM) if !self.as_root => Ok(()),
+            // The ID is not mapped in this user namespace (a bubble of one ID): the entry stays
+            // ours, its owner is recorded (see `owners.rs`).
+            Some(Errno::EINVAL) => self.unowned.keep(path, meta).map_err(Error::unpack(
+                self.layer,
+                "recording the owner of",
+                shown,
+            )),
+            _ => Err(Error::unpack(self.layer, "setting the owner of", shown)(e)),
         }
-        Err(Error::unpack(self.layer, "setting the owner of", shown)(e))
     }
 
     /// Whether `rel` exists and neither it nor a parent is a symlink.
@@ -342,6 +365,7 @@ impl<'a> Extractor<'a> {
             "setting the mode of",
             "/",
         ))?;
+        self.unowned.report(self.layer);
         debug!(layer = self.layer, "layer entries written");
         Ok(())
     }

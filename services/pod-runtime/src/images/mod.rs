@@ -16,6 +16,7 @@
 //! | `registry` | the distribution client, digest and size checks, error sorting |
 //! | `manifest` | manifests and indexes, linux/amd64 selection |
 //! | `unpack`, `extract`, `whiteout` | a layer blob to a verified directory, safely |
+//! | `owners` | owners this bubble does not map (kept ours, recorded in an xattr), devices skipped |
 //! | `index`, `record` | `index.json` and what it holds |
 //! | `gc`, `layout`, `fsinfo` | leases and collection, paths, disk usage |
 
@@ -26,6 +27,7 @@ mod gc;
 mod index;
 mod layout;
 mod manifest;
+mod owners;
 mod pull;
 mod record;
 mod reference;
@@ -36,6 +38,7 @@ mod whiteout;
 
 pub use error::{Cause, Error, Result};
 pub use fsinfo::FsInfo;
+pub use owners::OVERRIDE_XATTR;
 pub use record::{ImageConfig, ImageRecord};
 pub use reference::{Credentials, ImageRef};
 pub use store::{ImageStore, PullStats, StoreOptions};

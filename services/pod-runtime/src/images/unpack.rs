@@ -74,4 +74,6 @@ impl<R: Read> Read for HashingReader<R> {
 }
 
 #[cfg(test)]
+mod one_id_tests;
+#[cfg(test)]
 mod tests;

@@ -53,6 +53,7 @@ async fn add_container(runtime: &Runtime, id: &str, log: &Path, state: cri::Cont
         exited: tokio::sync::watch::channel(false).0,
         start_error: None,
         shim_pid: None,
+        not_honoured: None,
     };
     runtime.state.lock().await.containers.insert(id.into(), container);
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::events::mark_exited;
 use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
@@ -35,6 +35,15 @@ struct Output {
     /// The shim's console socket, when the container has a terminal.
     console: Option<PathBuf>,
     shim_pid: Option<u32>,
+}
+
+/// What creating a container in the engine gave, besides the container.
+#[derive(Debug, Default)]
+struct Created {
+    /// Why it cannot start (see [`Container::start_error`]).
+    start_error: Option<String>,
+    /// What of its user this bubble cannot give (see [`Container::not_honoured`]).
+    not_honoured: Option<String>,
 }
 
 /// Largest environment plus arguments a container may get; past this, execve fails (E2BIG)
@@ -121,11 +130,11 @@ impl Runtime {
             Ok(output) => {
                 let shim_pid = output.shim_pid;
                 self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, output)
-                    .map(|start_error| (start_error, shim_pid))
+                    .map(|created| (created, shim_pid))
             }
             Err(err) => Err(err),
         };
-        let (start_error, shim_pid) = match created {
+        let (Created { start_error, not_honoured }, shim_pid) = match created {
             Ok(created) => created,
             Err(err) => {
                 let _ = self.engine_delete_container(&id, pause_pid);
@@ -154,6 +163,7 @@ impl Runtime {
             exited,
             start_error,
             shim_pid,
+            not_honoured,
         };
         if let Err(err) = container.save_all() {
             let _ = self.engine_delete_container(&id, pause_pid);
@@ -307,7 +317,7 @@ impl Runtime {
         mounts: Vec<Mount>,
         config: &cri::ContainerConfig,
         output: Output,
-    ) -> Result<Option<String>> {
+    ) -> Result<Created> {
         if self.apptainer().is_some() {
             let image_ref = config.image.as_ref().map(|i| i.image.as_str()).unwrap_or_default();
             let sif =
@@ -332,12 +342,25 @@ impl Runtime {
             let stdio =
                 crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
             self.apptainer_create(dir, pause_pid, launch, uid, pod_uid, stdio)?;
-            return Ok(None);
+            return Ok(Created::default());
         }
         let overlay = Overlay::new(dir, layers)?;
         overlay.mount(&self.crun)?;
         // Names resolve in the image's own /etc/passwd and /etc/group, now mounted.
         let user = super::security::resolve_user(config, &process.image_user, &overlay.target)?;
+        let asked = user.clone();
+        let (user, not_honoured) = super::unmapped::fit(user, config, self.ids.as_ref());
+        if let Some(note) = &not_honoured {
+            warn!(
+                container = id,
+                uid = asked.uid,
+                gid = asked.gid,
+                groups = ?asked.additional_gids,
+                runs_as = %format!("{}:{}", user.uid, user.gid),
+                %note,
+                "container user not honoured"
+            );
+        }
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
         let spec = ContainerSpec {
             id: id.to_owned(),
@@ -357,15 +380,16 @@ impl Runtime {
         spec.write_bundle(&dir.join("bundle"))?;
         let stdio =
             crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
+        let created = |start_error| Created { start_error, not_honoured: not_honoured.clone() };
         match self.crun_for(pause_pid).create(id, &dir.join("bundle"), stdio, output.console.as_deref()) {
-            Ok(()) => Ok(None),
+            Ok(()) => Ok(created(None)),
             // crun checks the command at create (its init has already written the reason to the
             // container's stderr, so it is in the log). Kubernetes users expect what a shell
             // gives: the container starts and exits 127, not a failed create.
             Err(crate::engine::Error::Command { stderr, .. })
                 if stderr.contains("executable file") && stderr.contains("not found") =>
             {
-                Ok(Some(stderr.lines().last().unwrap_or(&stderr).to_owned()))
+                Ok(created(Some(stderr.lines().last().unwrap_or(&stderr).to_owned())))
             }
             Err(e) => Err(e.into()),
         }
@@ -514,11 +538,19 @@ impl Runtime {
 
     /// The container's status.
     pub async fn container_status(&self, wanted: &str) -> Result<cri::ContainerStatus> {
+        Ok(self.container_status_verbose(wanted).await?.0)
+    }
+
+    /// The container's status and the `info` of a verbose ContainerStatus.
+    pub async fn container_status_verbose(
+        &self,
+        wanted: &str,
+    ) -> Result<(cri::ContainerStatus, HashMap<String, String>)> {
         let id = self.resolve_container(wanted).await?;
         let state = self.state.lock().await;
         let c =
             state.containers.get(&id).ok_or_else(|| Error::NotFound { kind: "container", id: id.clone() })?;
-        Ok(c.status())
+        Ok((c.status(), c.info()))
     }
 
     /// Containers matching `filter`.
@@ -557,6 +589,11 @@ impl Runtime {
 }
 
 impl Container {
+    /// What a verbose ContainerStatus adds: the note on a user this bubble cannot give.
+    pub(crate) fn info(&self) -> HashMap<String, String> {
+        self.not_honoured.iter().map(|n| (super::NOT_HONOURED_KEY.to_owned(), n.clone())).collect()
+    }
+
     /// Its CRI status.
     pub(crate) fn status(&self) -> cri::ContainerStatus {
         let c = self;

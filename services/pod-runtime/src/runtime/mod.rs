@@ -13,6 +13,7 @@ mod sandbox;
 mod security;
 mod stats;
 mod stream;
+mod unmapped;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +27,10 @@ pub use error::{Error, Result};
 pub use network::PodNetwork;
 pub use recover::Recovered;
 pub use stream::Sessions;
+pub use unmapped::NOT_HONOURED_KEY;
 
 use crate::engine::Crun;
+use crate::idmap::IdMappings;
 use crate::images::ImageStore;
 
 /// Events a slow GetContainerEvents subscriber may fall behind by before it is told it lost
@@ -101,6 +104,8 @@ pub struct Container {
     pub(crate) start_error: Option<String>,
     /// The log shim copying its output into `log_path` (see [`crate::logshim`]).
     pub(crate) shim_pid: Option<u32>,
+    /// What of its user and groups this bubble cannot give, in words (see `unmapped.rs`).
+    pub(crate) not_honoured: Option<String>,
 }
 
 /// Sandboxes and containers, one lock: operations are short, and the heavy parts (crun, mounts,
@@ -124,6 +129,9 @@ pub struct Runtime {
     pub(crate) cpu_samples: stats::CpuSamples,
     /// The streaming server whose URLs Exec, Attach and PortForward return.
     pub(crate) streaming: std::sync::OnceLock<hpk_streaming::StreamServer>,
+    /// The user and group IDs of this bubble; `None` when they could not be read (every ID
+    /// is then taken as mapped, as before).
+    pub(crate) ids: Option<IdMappings>,
 }
 
 impl Runtime {
@@ -134,6 +142,9 @@ impl Runtime {
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
         }
         let (events, _) = tokio::sync::broadcast::channel(EVENT_BACKLOG);
+        let ids = IdMappings::read()
+            .inspect_err(|e| tracing::warn!(error = %e, "ID mappings unknown; every ID is taken as mapped"))
+            .ok();
         Ok(Arc::new(Self {
             config,
             crun,
@@ -142,6 +153,7 @@ impl Runtime {
             events,
             cpu_samples: Default::default(),
             streaming: std::sync::OnceLock::new(),
+            ids,
         }))
     }
 
@@ -172,6 +184,11 @@ impl Runtime {
     /// The host's cgroup mode.
     pub fn cgroup_mode(&self) -> crate::engine::CgroupMode {
         self.config.cgroup_mode
+    }
+
+    /// This bubble's user and group IDs, when they could be read.
+    pub fn id_mappings(&self) -> Option<&IdMappings> {
+        self.ids.as_ref()
     }
 
     /// The image store.

@@ -45,6 +45,9 @@ pub(crate) struct ContainerState {
     pub(crate) sandbox_pid: Option<i32>,
     pub(crate) start_error: Option<String>,
     pub(crate) shim_pid: Option<u32>,
+    /// Records of runtimes before it have none.
+    #[serde(default)]
+    pub(crate) not_honoured: Option<String>,
 }
 
 /// Writes `value` as `dir/name` by way of a temporary file and a rename.
@@ -104,6 +107,7 @@ impl Container {
             sandbox_pid: self.sandbox_pid,
             start_error: self.start_error.clone(),
             shim_pid: self.shim_pid,
+            not_honoured: self.not_honoured.clone(),
         }
     }
 
@@ -149,6 +153,64 @@ impl Container {
             exited,
             start_error: s.start_error,
             shim_pid: s.shim_pid,
+            not_honoured: s.not_honoured,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(dir: &Path, not_honoured: Option<&str>) -> Container {
+        Container {
+            id: "c".repeat(64),
+            dir: dir.to_owned(),
+            sandbox_id: "s".repeat(64),
+            config: cri::ContainerConfig::default(),
+            image_ref: String::new(),
+            image_id: String::new(),
+            state: cri::ContainerState::ContainerRunning,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            log_path: None,
+            pause_pid: 0,
+            sandbox_pid: Some(5),
+            exited: tokio::sync::watch::channel(false).0,
+            start_error: None,
+            shim_pid: None,
+            not_honoured: not_honoured.map(str::to_owned),
+        }
+    }
+
+    fn reload(dir: &Path) -> Container {
+        let config = read(dir, CONFIG).expect("config").expect("a config");
+        let state = read(dir, STATE).expect("state").expect("a state");
+        Container::from_records(&"c".repeat(64), dir, config, state)
+    }
+
+    #[test]
+    fn the_note_on_an_unmapped_user_survives_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let note = "runAsUser 1000 is not honoured: this bubble maps one ID (its user)";
+        container(dir.path(), Some(note)).save_all().expect("saved");
+        let back = reload(dir.path());
+        assert_eq!(back.not_honoured.as_deref(), Some(note));
+        assert_eq!(back.info().get(crate::runtime::NOT_HONOURED_KEY).map(String::as_str), Some(note));
+        container(dir.path(), None).save_all().expect("saved");
+        assert!(reload(dir.path()).info().is_empty(), "no note, nothing in info");
+    }
+
+    #[test]
+    fn records_of_older_runtimes_have_no_note() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        container(dir.path(), None).save_all().expect("saved");
+        let mut state: serde_json::Value = read(dir.path(), STATE).expect("state").expect("a state");
+        state.as_object_mut().expect("an object").remove("not_honoured");
+        write(dir.path(), STATE, &state).expect("written");
+        assert_eq!(reload(dir.path()).not_honoured, None);
     }
 }
