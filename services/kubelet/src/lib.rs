@@ -10,6 +10,8 @@ pub mod diag;
 pub mod downward;
 mod error;
 pub mod events;
+/// The bubble's ID mappings (`hpk-node-resources`).
+pub use hpk_node_resources::ids as idmap;
 pub mod node;
 pub mod objects;
 pub mod pods;

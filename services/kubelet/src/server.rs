@@ -83,6 +83,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         admitted: Mutex::default(),
         summaries: Mutex::new(BTreeMap::new()),
         pods: Mutex::new(BTreeMap::new()),
+        ids: id_mappings(),
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));
@@ -102,6 +103,20 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
     let _ = api.await;
     served?;
     Ok(())
+}
+
+/// The bubble's ID mappings, logged; `None` (every ID taken as mapped) when unreadable.
+fn id_mappings() -> Option<crate::idmap::IdMappings> {
+    match crate::idmap::IdMappings::read() {
+        Ok(ids) => {
+            tracing::info!(uids = %ids.uids, gids = %ids.gids, one_id = ids.is_one_id(), "user and group IDs of this bubble");
+            Some(ids)
+        }
+        Err(error) => {
+            tracing::warn!(error = %crate::node::error_chain(&error), "ID mappings unknown; every ID is taken as mapped");
+            None
+        }
+    }
 }
 
 async fn client(args: &KubeletArgs) -> Result<kube::Client> {

@@ -261,6 +261,10 @@ impl Worker {
             }
         };
         self.event(who, Kind::Normal, "Created", format!("Created container: {name}"));
+        if let Some(message) = self.not_honoured(&spec, ready.uid) {
+            tracing::warn!(pod = %self.key, container = %name, %message, "security context not honoured");
+            self.event(who, Kind::Warning, crate::spec::NOT_HONOURED_REASON, message);
+        }
         // The runtime keeps the previous container (for `logs --previous`), not older ones.
         if let Some(older) = self.containers[i].replace_container(&id, attempt) {
             let request = cri::RemoveContainerRequest { container_id: older.clone() };
@@ -300,6 +304,13 @@ impl Worker {
         self.start_probes(i, true);
         // It may have exited already.
         self.refresh_one(i).await;
+    }
+
+    /// Which IDs of `spec`'s security context the bubble cannot honour, in words. Only the
+    /// bubble's own runtime is known: a remote one (connector mode) says nothing here.
+    fn not_honoured(&self, spec: &Container, image_uid: Option<i64>) -> Option<String> {
+        let ids = self.ctx.ids.as_ref().filter(|_| self.ctx.cri.remote.is_none())?;
+        crate::spec::not_honoured(&self.pod, spec, image_uid, ids, &self.ctx.node_name)
     }
 
     /// The CRI config of container `i`: env, runAsNonRoot, mounts, /etc/hosts.

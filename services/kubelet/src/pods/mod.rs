@@ -55,6 +55,9 @@ pub struct Context {
     /// The pods bound to this node as the watch last gave them, by UID (the kubelet API's
     /// `/pods` and its lookups by name).
     pub pods: Mutex<BTreeMap<String, std::sync::Arc<k8s_openapi::api::core::v1::Pod>>>,
+    /// The user and group IDs of this kubelet's bubble (`None`: unknown, every ID is taken as
+    /// mapped). The runtime's too, unless it is remote (connector mode).
+    pub ids: Option<crate::idmap::IdMappings>,
 }
 
 impl Context {

@@ -358,7 +358,7 @@ impl Worker {
     }
 
     pub(super) fn volume_context(&self) -> crate::volumes::VolumeContext {
-        crate::volumes::VolumeContext { facts: self.facts() }
+        crate::volumes::VolumeContext { facts: self.facts(), ids: self.ctx.ids.clone() }
     }
 
     /// What the downward API tells about this pod.

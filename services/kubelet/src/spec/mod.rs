@@ -1,7 +1,7 @@
 //! From a Pod to the CRI configs the pod-runtime is given: the container's environment
 //! (`env.rs`, with `$(VAR)` expansion from `expand.rs`), the sandbox (`sandbox.rs`, its DNS in
 //! `dns.rs`), the container (`container.rs`) and the security contexts of both
-//! (`security.rs`). Everything here is pure but for reading ConfigMaps and Secrets (through an
+//! (`security.rs`), and which of its IDs the bubble cannot honour (`unmapped.rs`). Everything here is pure but for reading ConfigMaps and Secrets (through an
 //! [`ObjectSource`](crate::objects::ObjectSource)) and the host's resolv.conf.
 
 mod container;
@@ -10,6 +10,7 @@ mod env;
 mod expand;
 mod sandbox;
 mod security;
+mod unmapped;
 
 #[cfg(test)]
 mod fixtures;
@@ -20,6 +21,7 @@ pub use env::{ResolvedEnv, resolve_env};
 pub use expand::expand;
 pub use sandbox::sandbox_config;
 pub use security::verify_run_as_non_root;
+pub use unmapped::{NOT_HONOURED_REASON, not_honoured};
 
 use crate::downward::DownwardError;
 use crate::quantity::InvalidQuantity;

@@ -29,6 +29,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use tracing::{debug, warn};
 
 use crate::downward::PodFacts;
+use crate::idmap::IdMappings;
 use crate::objects::ObjectSource;
 
 pub use atomic::{FileData, Payload};
@@ -44,6 +45,9 @@ use projected::TokenCache;
 pub struct VolumeContext {
     /// The node's and pod's facts, for downwardAPI values.
     pub facts: PodFacts,
+    /// The bubble's user and group IDs: an fsGroup or user outside them is not applied
+    /// (`None`: unknown, every ID is tried).
+    pub ids: Option<IdMappings>,
 }
 
 /// What a volume became on the host.
@@ -93,6 +97,7 @@ impl PodVolumes {
             tokens: TokenCache::new(),
             unenforced: Vec::new(),
         };
+        this.unenforced.extend(ownership::not_enforced(pod, ctx));
         for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
             let prepared = this.prepare_one(pod, volume, ctx, objects).await?;
             debug!(volume = %volume.name, source = %prepared.source.display(), "volume prepared");
@@ -119,7 +124,9 @@ impl PodVolumes {
             };
             let source = source.clone();
             let result = match self.api_payload(pod, volume, ctx, objects).await {
-                Ok(Some(payload)) => atomic::write(&volume.name, &source, &payload, ownership::fs_group(pod)),
+                Ok(Some(payload)) => {
+                    atomic::write(&volume.name, &source, &payload, ownership::fs_group_in(pod, ctx))
+                }
                 Ok(None) => Ok(false),
                 Err(e) => Err(e),
             };
@@ -189,7 +196,7 @@ impl PodVolumes {
     }
 
     /// Limits the pod asked for that this node does not enforce, in words (emptyDir sizeLimit on
-    /// disk, a Memory emptyDir that could not be a tmpfs).
+    /// disk, a Memory emptyDir that could not be a tmpfs, an fsGroup the bubble does not map).
     pub fn unenforced(&self) -> Vec<String> {
         self.unenforced.clone()
     }
@@ -216,7 +223,7 @@ impl PodVolumes {
         let dir = self.volume_dir(name);
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         if let Some(empty) = &volume.empty_dir {
-            empty_dir::prepare(name, empty, &dir, ownership::fs_group(pod), &mut self.unenforced)?;
+            empty_dir::prepare(name, empty, &dir, ownership::fs_group_in(pod, ctx), &mut self.unenforced)?;
             return Ok(Prepared { source: dir, kind: Kind::EmptyDir });
         }
         if let Some(host) = &volume.host_path {
@@ -243,7 +250,7 @@ impl PodVolumes {
             return Err(VolumeError::Unsupported { volume: name.to_owned(), kind: kind_of(volume) });
         };
         let existed = fs::symlink_metadata(&dir).is_ok();
-        if let Err(e) = atomic::write(name, &dir, &payload, ownership::fs_group(pod)) {
+        if let Err(e) = atomic::write(name, &dir, &payload, ownership::fs_group_in(pod, ctx)) {
             if !existed {
                 let _ = fs::remove_dir_all(&dir);
             }

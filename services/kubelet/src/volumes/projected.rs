@@ -65,9 +65,12 @@ pub async fn payload(
             let jwt = token_for(volume, pod, token, objects, tokens).await?;
             // As the kubelet does: the token belongs to the containers' common user, readable
             // by it (and, with an fsGroup, its group) only.
-            let owner = ownership::fs_user(pod);
-            let mode =
-                if owner.is_some() || ownership::fs_group(pod).is_some() { 0o600 } else { default_mode };
+            let owner = ownership::fs_user_in(pod, ctx);
+            let mode = if owner.is_some() || ownership::fs_group_in(pod, ctx).is_some() {
+                0o600
+            } else {
+                default_mode
+            };
             payload.insert(token.path.clone(), FileData { data: jwt.into_bytes(), mode, owner });
         } else if let Some(map) = &projection.config_map {
             let source = KeySource {

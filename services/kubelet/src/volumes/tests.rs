@@ -153,6 +153,7 @@ async fn downward_api_files_follow_the_pod() {
     );
     let context = VolumeContext {
         facts: crate::downward::PodFacts { allocatable_memory: 1 << 30, ..Default::default() },
+        ..Default::default()
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut volumes = PodVolumes::prepare(&pod, tmp.path(), &context, &objects).await.expect("prepared");
@@ -457,4 +458,44 @@ async fn fs_group_makes_volumes_readable_by_the_pods_user() {
     let scratch = meta("scratch");
     assert_eq!((scratch.gid(), scratch.mode() & 0o7777), (2000, 0o2777));
     assert!(!volumes.refresh(&pod, &ctx(), &objects).await.expect("refresh"), "ownership is not a change");
+}
+
+#[tokio::test]
+async fn an_fs_group_a_one_id_bubble_lacks_is_not_enforced_and_said_so() {
+    use std::os::unix::fs::MetadataExt;
+    let objects = FakeObjects::default();
+    root_ca(&objects);
+    objects.add_secret(json!({"metadata": {"name": "creds", "namespace": "ns"}, "data": {"k": "dg=="}}));
+    let mut volumes_json = kube_api_access();
+    let list = volumes_json.as_array_mut().expect("array");
+    list.push(json!({"name": "s", "secret": {"secretName": "creds", "defaultMode": 0o600}}));
+    list.push(json!({"name": "scratch", "emptyDir": {}}));
+    let mut pod = pod(volumes_json, json!([]));
+    pod.spec.as_mut().expect("spec").security_context =
+        Some(serde_json::from_value(json!({"fsGroup": 2000, "runAsUser": 1000})).expect("security context"));
+    let ids = crate::idmap::IdMappings::from_text("0 1000 1", "0 1000 1").expect("maps");
+    let one_id = VolumeContext { ids: Some(ids), ..Default::default() };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut volumes = PodVolumes::prepare(&pod, tmp.path(), &one_id, &objects).await.expect("not a failure");
+    let meta = |p: &str| fs::metadata(tmp.path().join("volumes").join(p)).expect(p);
+    let ours = fs::metadata(tmp.path()).expect("meta");
+    let secret = meta("s/k");
+    assert_eq!((secret.uid(), secret.gid(), secret.mode() & 0o7777), (ours.uid(), ours.gid(), 0o600));
+    let token = meta("kube-api-access-x7k2p/token");
+    assert_eq!((token.uid(), token.gid()), (ours.uid(), ours.gid()), "the bubble user's, not 1000:2000");
+    let scratch = meta("scratch");
+    assert_eq!(
+        (scratch.gid(), scratch.mode() & 0o7777),
+        (ours.gid(), 0o777),
+        "no setgid to a group not here"
+    );
+    assert_eq!(
+        volumes.unenforced(),
+        vec![
+            "fsGroup 2000 is not enforced: this bubble maps one ID (the job's user); the pod's volumes stay \
+             owned by the bubble's user, root in its containers"
+                .to_owned()
+        ]
+    );
+    assert!(!volumes.refresh(&pod, &one_id, &objects).await.expect("refresh"), "nothing changed");
 }
