@@ -109,6 +109,10 @@ pub struct NodeRecord {
     pub host: String,
     /// The node directory on that host.
     pub state_dir: PathBuf,
+    /// The unpacked bubble image on that host, whose crun runs the bubble (`hpk shell`, the
+    /// clean-up of `hpk down`); absent in records of older launchers.
+    #[serde(default)]
+    pub rootfs: Option<PathBuf>,
     /// Published ports: `kubelet`, `tunnel` (UDP), and on the controller `apiserver`,
     /// `cert-signer`.
     pub ports: Vec<(String, u16)>,

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod controlplane;
 pub mod error;
 pub mod fds;
+pub mod hosttools;
 pub mod image;
 pub mod init;
 pub mod local;

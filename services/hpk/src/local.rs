@@ -13,6 +13,7 @@ use kube::api::ListParams;
 use crate::bubble::{self, NodeOptions, process_alive, tail};
 use crate::cluster::{self, Shared};
 use crate::error::{Error, Result};
+use crate::hosttools::HostTools;
 use crate::{image, preflight};
 
 const CONTROL_PLANE_BOUND: Duration = Duration::from_secs(180);
@@ -80,11 +81,12 @@ pub async fn up(args: &UpArgs) -> Result<()> {
         )));
     }
     step("checking prerequisites");
-    preflight::check_all()?;
+    preflight::check_all(&cluster::state_base())?;
     let image_path = args.image.clone().unwrap_or_else(default_image);
     step(&format!("unpacking the image {}", image_path.display()));
     let started = Instant::now();
     let unpacked = image::unpack(&image_path, &cluster::image_cache())?;
+    HostTools::new(&unpacked.rootfs)?;
     done(&format!("image {} ({:.1} s)", short(&unpacked.digest), started.elapsed().as_secs_f64()));
     let address = match args.address {
         Some(a) => a,
@@ -376,17 +378,18 @@ fn down_cluster(shared: &Shared, verbose: bool) -> Result<()> {
     while pids.iter().any(|p| Path::new(&format!("/proc/{p}")).exists()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // What a killed launcher could not remove: its bubble (crun state in the node directory).
+    // What a killed launcher could not remove: its bubble (crun state in the node directory),
+    // deleted with the crun of the image it ran.
     let state = cluster::state_base().join(&shared.name);
+    let records: Vec<cluster::NodeRecord> = shared.nodes().into_iter().flatten().collect();
     if let Ok(entries) = std::fs::read_dir(&state) {
         for entry in entries.flatten() {
+            let node = entry.file_name().to_string_lossy().into_owned();
             let crun_root = entry.path().join("crun");
-            if crun_root.is_dir() {
-                let id = format!("hpk-{}-{}", shared.name, entry.file_name().to_string_lossy());
-                let _ = Command::new("crun")
-                    .arg(format!("--root={}", crun_root.display()))
-                    .args(["delete", "--force", &id])
-                    .output();
+            let rootfs = records.iter().find(|r| r.node == node).and_then(|r| r.rootfs.clone());
+            if let (true, Some(tools)) = (crun_root.is_dir(), rootfs.and_then(|r| HostTools::new(&r).ok())) {
+                let id = format!("hpk-{}-{node}", shared.name);
+                let _ = bubble::crun(&tools, &crun_root).args(["delete", "--force", &id]).output();
             }
         }
     }
@@ -505,21 +508,27 @@ pub(crate) fn is_ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The first global IPv4 address of an interface that is up.
-pub fn default_address() -> Result<Ipv4Addr> {
-    let out = Command::new("ip").args(["-4", "-o", "addr", "show", "scope", "global", "up"]).output();
-    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            // Addresses on the loopback device are reachable only from this namespace's own
-            // processes, never from a bubble.
-            if words.clone().nth(1) == Some("lo") {
-                return None;
-            }
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next()?.parse().ok()
+/// This host's IPv4 addresses on interfaces that are up, with each interface's name.
+pub fn ipv4_addresses() -> Vec<(String, Ipv4Addr)> {
+    use nix::net::if_::InterfaceFlags;
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    addrs
+        .filter(|a| a.flags.contains(InterfaceFlags::IFF_UP))
+        .filter_map(|a| {
+            let ip = a.address.as_ref()?.as_sockaddr_in()?.ip();
+            Some((a.interface_name, ip))
         })
+        .collect()
+}
+
+/// The first global IPv4 address of an interface that is up (not loopback, not link-local).
+pub fn default_address() -> Result<Ipv4Addr> {
+    ipv4_addresses()
+        .into_iter()
+        // Addresses on the loopback device are reachable only from this namespace's own
+        // processes, never from a bubble.
+        .filter(|(name, ip)| name != "lo" && !ip.is_loopback() && !ip.is_link_local())
+        .map(|(_, ip)| ip)
         .next()
         .ok_or_else(|| Error::Prerequisite {
             what: "this machine has no global IPv4 address to publish the cluster on".into(),

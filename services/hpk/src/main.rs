@@ -30,6 +30,14 @@ enum Cmd {
     /// The bubble's first process (started by `hpk bubble` inside the bubble).
     #[command(hide = true)]
     BubbleInit(hpk::init::InitArgs),
+    /// Preflight: tries user and mount namespaces and an overlay in DIR (what the bubble
+    /// does), and prints how far it got.
+    #[command(hide = true)]
+    BubbleProbe { dir: std::path::PathBuf },
+    /// The launcher's newuidmap/newgidmap helper, run before it leaves the host's user
+    /// namespace.
+    #[command(hide = true)]
+    BubbleMapIds { args: Vec<String> },
 }
 
 /// `hpktainer …` is `hpk tainer …` (the name users of the original type inside a bubble).
@@ -53,6 +61,8 @@ fn main() {
     let result = match cli.command {
         // Before any thread: the launcher enters a mount namespace, the reaper blocks signals.
         Cmd::Bubble(args) => hpk::bubble::run(&args),
+        Cmd::BubbleProbe { dir } => Ok(hpk::preflight::run_probe(&dir)),
+        Cmd::BubbleMapIds { args } => Ok(hpk::bubble::ids::map_ids_helper(&args)),
         Cmd::BubbleInit(args) if !args.supervise => hpk::init::reap(),
         Cmd::BubbleInit(args) => runtime().and_then(|rt| rt.block_on(hpk::init::supervise(args))),
         // Also before any thread: a node's task is its bubble's launcher.

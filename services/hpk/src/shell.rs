@@ -1,16 +1,17 @@
 //! `hpk shell NODE [-- COMMAND…]`: a shell (or a command) inside a node's bubble, as users of
 //! the original opened `apptainer shell instance://bubble1`.
 //!
-//! `crun exec` into the bubble, run from the launcher's mount namespace (where crun's cgroup
-//! workaround lives) and, for an unprivileged launcher, its user namespace (where the user is
-//! root) — entered with nsenter by the launcher's PID from the node record.
+//! `crun exec` into the bubble with the image's crun, run from the launcher's mount namespace
+//! (where crun's cgroup workaround lives) and, for an unprivileged launcher, its user
+//! namespace (where the user is root) — both joined with setns by the launcher's PID from the
+//! node record, so no nsenter is needed on the host.
 
 use std::os::unix::process::CommandExt;
-use std::process::Command;
 
 use crate::bubble::process_alive;
 use crate::cluster::{self, Shared};
 use crate::error::{Error, Result};
+use crate::hosttools::HostTools;
 
 /// `hpk shell` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,15 +44,17 @@ pub fn run(args: &ShellArgs) -> Result<i32> {
             args.node, record.launcher_pid
         )));
     }
-    let own_user = std::fs::read_link("/proc/self/ns/user").ok();
-    let launcher_user = std::fs::read_link(format!("/proc/{}/ns/user", record.launcher_pid)).ok();
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--target={}", record.launcher_pid)).arg("--mount");
-    if own_user != launcher_user {
-        cmd.args(["--user", "--preserve-credentials"]);
-    }
+    let rootfs = record.rootfs.clone().ok_or_else(|| {
+        Error::Invalid(format!(
+            "the bubble of {} was started by an older hpk: restart the cluster",
+            args.node
+        ))
+    })?;
+    enter_launcher_namespaces(record.launcher_pid)?;
+    let tools = HostTools::new(&rootfs)?;
+    let mut cmd = crate::bubble::crun(&tools, &record.state_dir.join("crun"));
+    cmd.arg("exec");
     let interactive = args.command.is_empty();
-    cmd.arg("--").arg("crun").arg(format!("--root={}", record.state_dir.join("crun").display())).arg("exec");
     if interactive && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         cmd.arg("--tty");
     }
@@ -62,5 +65,24 @@ pub fn run(args: &ShellArgs) -> Result<i32> {
         cmd.args(&args.command);
     }
     let err = cmd.exec();
-    Err(Error::io("run", "nsenter (hpk shell)", err))
+    Err(Error::io("run", "the image's crun (hpk shell)", err))
+}
+
+/// Joins the launcher's user namespace (unless it is ours: a launcher that is root on the
+/// host has none of its own) and its mount namespace, where its crun state and cgroup view are.
+/// This process must be single-threaded.
+fn enter_launcher_namespaces(pid: u32) -> Result<()> {
+    use nix::sched::{CloneFlags, setns};
+    let open = |ns: &str| {
+        let path = format!("/proc/{pid}/ns/{ns}");
+        std::fs::File::open(&path).map_err(|e| Error::io("open", path, e))
+    };
+    let (user, mnt) = (open("user")?, open("mnt")?);
+    let own = std::fs::read_link("/proc/self/ns/user").ok();
+    if own != std::fs::read_link(format!("/proc/{pid}/ns/user")).ok() {
+        setns(&user, CloneFlags::CLONE_NEWUSER)
+            .map_err(|e| Error::io("enter", "the launcher's user namespace", e.into()))?;
+    }
+    setns(&mnt, CloneFlags::CLONE_NEWNS)
+        .map_err(|e| Error::io("enter", "the launcher's mount namespace", e.into()))
 }

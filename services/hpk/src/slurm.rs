@@ -142,15 +142,7 @@ fn node_address(args: &NodeArgs) -> Result<Ipv4Addr> {
 
 /// This host's IPv4 addresses.
 fn local_addresses() -> Vec<Ipv4Addr> {
-    let out = std::process::Command::new("ip").args(["-4", "-o", "addr", "show"]).output();
-    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next()?.parse().ok()
-        })
-        .collect()
+    crate::local::ipv4_addresses().into_iter().map(|(_, ip)| ip).collect()
 }
 
 /// `hpk slurm preflight`: prints one line naming this node, and fails with the fix.
@@ -170,7 +162,7 @@ pub fn preflight_node(args: &NodeArgs) -> Result<i32> {
 
 fn check_node(args: &NodeArgs) -> Result<Ipv4Addr> {
     node_name()?;
-    preflight::check_all()?;
+    preflight::check_all(&cluster::state_base())?;
     std::fs::metadata(&args.image).map_err(|e| Error::Image {
         path: args.image.clone(),
         reason: format!("{e}: it must be readable on every node (a shared file system), or set HPK_IMAGE"),

@@ -17,6 +17,7 @@
 //! network namespace, and inherited by the bubble: nothing relays between namespaces but the
 //! bubble's own copy loops, and slirp4netns carries only the bubble's outbound connections.
 
+pub mod ids;
 pub mod spec;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{self, NodeRecord, Shared};
 use crate::error::{Error, Result};
+use crate::hosttools::{HostTools, Tool};
 use crate::{fds, image, preflight};
 
 /// Where a runtime bubble finds the client CA, in its node directory.
@@ -136,6 +138,7 @@ pub struct Launched {
     node_dir: PathBuf,
     crun_root: PathBuf,
     record: PathBuf,
+    tools: HostTools,
     pid: nix::unistd::Pid,
     /// The bubble's user namespace (`user:[inode]`): every process of the bubble, pods
     /// included, lives in it.
@@ -145,36 +148,19 @@ pub struct Launched {
 
 /// Runs a bubble until SIGTERM/SIGINT or until it ends; returns the exit code.
 ///
-/// Must be called before any thread starts: it moves the process into a private mount
-/// namespace (for crun on hosts with hybrid cgroups).
+/// Must be called before any thread starts: it enters a user namespace of its own (as an
+/// unprivileged user) and a private mount namespace (for crun on hosts with hybrid cgroups).
 pub fn run(args: &BubbleArgs) -> Result<i32> {
     // The state directory is named after the host's UID, read before any user namespace.
     cluster::host_uid();
     // Bad input is refused before anything is made.
     client_ca(args)?;
-    preflight::check_all()?;
+    preflight::check_all(&cluster::state_base())?;
     let shared = Shared::new(&args.cluster)?;
     cluster::check_label(&args.node, "node name")?;
-    // crun refuses hosts with hybrid cgroups unless the v2 hierarchy is hidden, which needs a
-    // mount namespace of our own: entered before any thread starts.
-    // An unprivileged user may not make a mount namespace by itself: it first enters a user
-    // namespace of its own where it is root (one ID: itself), and runs crun from there.
-    let mut nested = false;
-    if hpk_pod_runtime::engine::enter_private_mount_namespace().is_err() && !nix::unistd::getuid().is_root() {
-        enter_own_user_namespace()?;
-        nested = true;
-        if let Err(e) = hpk_pod_runtime::engine::enter_private_mount_namespace()
-            && hpk_pod_runtime::engine::CgroupMode::detect() == hpk_pod_runtime::engine::CgroupMode::Hybrid
-        {
-            return Err(Error::Prerequisite {
-                what: format!(
-                    "this host mounts hybrid cgroups, which crun refuses, and hiding them failed: {e}"
-                ),
-                fix: "run on a host with cgroup v2 (unified) or v1 only".into(),
-            });
-        }
-    }
-    NESTED.store(nested, std::sync::atomic::Ordering::Relaxed);
+    let mode = enter_namespaces()?;
+    println!("hpk: node {}: {}", args.node, mode.describe());
+    let _ = ID_MODE.set(mode);
     let signals = block_signals()?;
     // The bubble's first process is forked by crun, which exits: it is reparented to us, so
     // that we reap it (a zombie still pins the bubble's namespaces) and see it end.
@@ -186,6 +172,22 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     outcome
 }
 
+/// The launcher's namespaces (see [`ids`]): a user namespace of its own unless it is root on
+/// the host, then a private mount namespace with the hybrid cgroup v2 tree hidden.
+fn enter_namespaces() -> Result<ids::IdMode> {
+    use hpk_pod_runtime::engine::{CgroupMode, enter_private_mount_namespace};
+    let mode = if nix::unistd::getuid().is_root() { ids::IdMode::HostRoot } else { ids::enter()? };
+    if let Err(e) = enter_private_mount_namespace()
+        && CgroupMode::detect() == CgroupMode::Hybrid
+    {
+        return Err(Error::Prerequisite {
+            what: format!("this host mounts hybrid cgroups, which crun refuses, and hiding them failed: {e}"),
+            fix: "run on a host with cgroup v2 (unified) or v1 only".into(),
+        });
+    }
+    Ok(mode)
+}
+
 /// The PEM certificates of `--client-ca-file`, when given: readable, and certificates.
 fn client_ca(args: &BubbleArgs) -> Result<Option<Vec<u8>>> {
     let Some(path) = &args.client_ca_file else { return Ok(None) };
@@ -195,24 +197,8 @@ fn client_ca(args: &BubbleArgs) -> Result<Option<Vec<u8>>> {
     Ok(Some(pem))
 }
 
-/// Whether the launcher runs in a user namespace of its own (see [`run`]): then only one ID
-/// (the user, root there) can be mapped into the bubble.
-static NESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Enters a new user namespace in which this user is root (and the only ID).
-fn enter_own_user_namespace() -> Result<()> {
-    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(|e| Error::Prerequisite {
-        what: format!("creating a user namespace failed: {e}"),
-        fix: "user namespaces must be allowed for this user (user.max_user_namespaces > 0)".into(),
-    })?;
-    let write =
-        |file: &str, text: String| std::fs::write(file, text).map_err(|e| Error::io("write", file, e));
-    write("/proc/self/setgroups", "deny".into())?;
-    write("/proc/self/uid_map", format!("0 {uid} 1"))?;
-    write("/proc/self/gid_map", format!("0 {gid} 1"))?;
-    Ok(())
-}
+/// What this launcher's bubble maps (set once, by [`run`]).
+static ID_MODE: std::sync::OnceLock<ids::IdMode> = std::sync::OnceLock::new();
 
 /// The signals the launcher waits for, blocked so they queue for `sigtimedwait`.
 fn block_signals() -> Result<nix::sys::signal::SigSet> {
@@ -262,6 +248,8 @@ fn prepare_and_start(
     }
     let unpacked = image::unpack(&args.image, &cluster::image_cache())?;
     tracing::info!(image = %args.image.display(), digest = %unpacked.digest, "image ready");
+    // crun and slirp4netns come from the image, never from the host.
+    let tools = HostTools::new(&unpacked.rootfs)?;
 
     // Every published port, bound now in the host's namespace.
     let mut sockets: Vec<(String, OwnedFd, u16)> = Vec::new();
@@ -302,29 +290,16 @@ fn prepare_and_start(
         format!("--ports={}", ports.join(",")),
     ];
     init_args.extend(args.options.to_args());
-    let uid = nix::unistd::getuid().as_raw();
-    let gid = nix::unistd::getgid().as_raw();
-    let user =
-        nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
-    let nested = NESTED.load(std::sync::atomic::Ordering::Relaxed);
-    let subordinate = |file: &str| {
-        // Several ranges need newuidmap/newgidmap (the uidmap package); root maps directly.
-        if nested {
-            None
-        } else if uid == 0 {
-            Some((100_000, 65_536))
-        } else if Command::new("newuidmap").arg("--help").output().is_ok() {
-            spec::subordinate_range(file, &user, uid)
-        } else {
-            None
-        }
-    };
-    let (uid_map, gid_map) = spec::id_maps(uid, gid, subordinate("/etc/subuid"), subordinate("/etc/subgid"));
+    let (uid_map, gid_map) =
+        ID_MODE.get().map(ids::IdMode::bubble_maps).unwrap_or_else(|| spec::id_maps(0, 0, None, None));
     let mut env = vec![
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
         format!("HOME={}", spec::NODE_DIR),
         format!("RUST_LOG={}", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into())),
     ];
+    // The job's allocation, which the kubelet advertises as the Node's capacity
+    // (hpk-node-resources reads these).
+    env.extend(allocation_env(std::env::vars()));
     env.push(format!(
         "HPK_FDS={}",
         sockets
@@ -364,7 +339,7 @@ fn prepare_and_start(
             .map_err(|e| Error::io("open", log.display(), e))
     };
     let pid_file = node_dir.join("bubble.pid");
-    let mut create = crun(&crun_root);
+    let mut create = crun(&tools, &crun_root);
     create
         .arg("create")
         .arg("--bundle")
@@ -383,6 +358,7 @@ fn prepare_and_start(
         node_dir: node_dir.clone(),
         crun_root: crun_root.clone(),
         record: record_path.clone(),
+        tools: tools.clone(),
         pid: nix::unistd::Pid::from_raw(0),
         user_ns: None,
         slirp: None,
@@ -405,14 +381,14 @@ fn prepare_and_start(
     partial.user_ns =
         std::fs::read_link(format!("/proc/{pid}/ns/user")).ok().map(|l| l.display().to_string());
 
-    match start_slirp(pid, &node_dir) {
+    match start_slirp(&tools, pid, &node_dir) {
         Ok(child) => partial.slirp = Some(child),
         Err(e) => {
             partial.teardown();
             return Err(e);
         }
     }
-    let started = crun(&crun_root).arg("start").arg(&id).stdin(Stdio::null()).output();
+    let started = crun(&tools, &crun_root).arg("start").arg(&id).stdin(Stdio::null()).output();
     match started {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
@@ -434,6 +410,7 @@ fn prepare_and_start(
         launcher_pid: std::process::id(),
         host: hostname(),
         state_dir: node_dir.clone(),
+        rootfs: Some(tools.root().to_owned()),
         ports: ports
             .iter()
             .filter_map(|p| p.split_once('=').and_then(|(n, v)| Some((n.to_owned(), v.parse().ok()?))))
@@ -448,6 +425,19 @@ fn prepare_and_start(
     Ok(partial)
 }
 
+/// The variables of the launcher's environment that describe the Slurm allocation (its
+/// CPUs, memory and GPUs), as `KEY=value` for the bubble.
+fn allocation_env(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
+    const GPU_LISTS: [&str; 3] = ["CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES"];
+    let mut env: Vec<String> = vars
+        .filter(|(k, _)| k.starts_with("SLURM_") || GPU_LISTS.contains(&k.as_str()))
+        .filter(|(k, v)| !k.contains('=') && !v.contains('\0'))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.sort();
+    env
+}
+
 fn port_error(name: &str, address: Ipv4Addr, e: std::io::Error) -> Error {
     Error::Prerequisite {
         what: format!("no free port on {address} for the {name}: {e}"),
@@ -455,8 +445,9 @@ fn port_error(name: &str, address: Ipv4Addr, e: std::io::Error) -> Error {
     }
 }
 
-fn crun(root: &Path) -> Command {
-    let mut cmd = Command::new("crun");
+/// The image's crun with the bubble's state root.
+pub fn crun(tools: &HostTools, root: &Path) -> Command {
+    let mut cmd = tools.command(Tool::Crun);
     fds::unblock_signals(&mut cmd);
     cmd.arg(format!("--root={}", root.display())).arg("--cgroup-manager=disabled");
     cmd
@@ -464,13 +455,13 @@ fn crun(root: &Path) -> Command {
 
 /// slirp4netns on the bubble's network namespace: `tap0`, a default route, DNS at 10.0.2.3;
 /// the host's loopback is not reachable from the bubble. Waits for its ready signal.
-fn start_slirp(pid: i32, node_dir: &Path) -> Result<std::process::Child> {
+fn start_slirp(tools: &HostTools, pid: i32, node_dir: &Path) -> Result<std::process::Child> {
     let (ready_read, ready_write) =
         nix::unistd::pipe().map_err(|e| Error::io("create", "a pipe", e.into()))?;
     let log = node_dir.join("logs/slirp4netns.log");
     let file = std::fs::File::create(&log).map_err(|e| Error::io("create", log.display(), e))?;
     let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
-    let mut cmd = Command::new("slirp4netns");
+    let mut cmd = tools.command(Tool::Slirp4netns);
     cmd.args(["--configure", "--mtu=65520", "--disable-host-loopback", "--ready-fd=3"])
         .arg(format!("--userns-path=/proc/{pid}/ns/user"))
         .arg("--netns-type=path")
@@ -550,14 +541,14 @@ impl Launched {
     /// slirp4netns and removes the node's files and record.
     pub fn teardown(mut self) {
         if self.pid.as_raw() > 0 && process_alive(self.pid.as_raw() as u32) {
-            let _ = crun(&self.crun_root).args(["kill", &self.id, "TERM"]).output();
+            let _ = crun(&self.tools, &self.crun_root).args(["kill", &self.id, "TERM"]).output();
             let deadline = Instant::now() + STOP_GRACE;
             while process_alive(self.pid.as_raw() as u32) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
             }
             if process_alive(self.pid.as_raw() as u32) {
                 tracing::warn!(bubble = %self.id, "still running after {} s: killing it", STOP_GRACE.as_secs());
-                let _ = crun(&self.crun_root).args(["kill", "--all", &self.id, "KILL"]).output();
+                let _ = crun(&self.tools, &self.crun_root).args(["kill", "--all", &self.id, "KILL"]).output();
             }
         }
         // The bubble's first process is gone, so the kernel is killing the rest of its PID
@@ -588,7 +579,7 @@ impl Launched {
             }
         }
         reap_children();
-        let _ = crun(&self.crun_root).args(["delete", "--force", &self.id]).output();
+        let _ = crun(&self.tools, &self.crun_root).args(["delete", "--force", &self.id]).output();
         if let Some(mut slirp) = self.slirp.take() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(slirp.id() as i32),
@@ -652,4 +643,29 @@ pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_allocation_reaches_the_bubble_and_nothing_else() {
+        let vars = [
+            ("SLURM_CPUS_ON_NODE", "4"),
+            ("SLURM_MEM_PER_NODE", "2048"),
+            ("SLURM_STEP_GPUS", "0,1"),
+            ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ("HOME", "/home/u"),
+            ("SSH_AUTH_SOCK", "/tmp/agent"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert_eq!(
+            super::allocation_env(vars.into_iter()),
+            [
+                "CUDA_VISIBLE_DEVICES=0,1",
+                "SLURM_CPUS_ON_NODE=4",
+                "SLURM_MEM_PER_NODE=2048",
+                "SLURM_STEP_GPUS=0,1"
+            ]
+        );
+    }
 }

@@ -1,0 +1,301 @@
+//! The state directory (`HPK_STATE_DIR`, default `/tmp/hpk-<uid>`): node directories with CA
+//! keys and etcd, the image cache, every container's overlay. It must be this user's alone,
+//! on a node-local filesystem that allows exec and user extended attributes and has room.
+
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Free space the state filesystem needs by default (the unpacked bubble image is about
+/// 0.5 GiB; pod images and their containers' layers come on top). `HPK_STATE_MIN_FREE_MB`
+/// sets another figure.
+const MIN_FREE_MB: u64 = 1024;
+
+/// Filesystems that are shared between machines, by `statfs` magic number: secrets and etcd
+/// must not be written there (anyone who can claim this user's UID on another client could
+/// read them, and they travel the network in clear), and they are slow for etcd besides.
+const NETWORK_FILESYSTEMS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x0BD0_0BD0, "Lustre"),
+    (0x4750_4653, "GPFS (IBM Storage Scale)"),
+    (0x1983_0326, "BeeGFS"),
+    (0x00C3_6400, "CephFS"),
+    (0xFF53_4D42, "CIFS"),
+    (0xFE53_4D42, "SMB"),
+    (0x517B, "SMB"),
+    (0x5346_414F, "AFS"),
+    (0x6B41_4653, "AFS"),
+    (0x0102_1997, "9p"),
+    (0xAAD7_AAEA, "PanFS"),
+    (0x0116_1970, "GFS2"),
+    (0x7461_636F, "OCFS2"),
+];
+const FUSE_MAGIC: i64 = 0x6573_5546;
+/// FUSE filesystems that reach over the network, by their subtype (`fuse.<subtype>` in
+/// /proc/self/mountinfo).
+const NETWORK_FUSE: &[&str] =
+    &["sshfs", "ceph-fuse", "glusterfs", "s3fs", "rclone", "gcsfuse", "quobyte", "lustre"];
+
+/// Checks the state directory, creating it (mode 0700) if it does not exist.
+pub fn check(state: &Path) -> Result<()> {
+    ensure_private(state)?;
+    check_local(state)?;
+    check_exec(state)?;
+    check_xattrs(state)?;
+    check_free(state)
+}
+
+fn refuse(state: &Path, what: String, fix: &str) -> Error {
+    Error::Prerequisite {
+        what: format!("the state directory {}: {what}", state.display()),
+        fix: format!(
+            "{fix}; set HPK_STATE_DIR to a directory of yours on a node-local filesystem (e.g. /tmp, /var/tmp or a local scratch disk)"
+        ),
+    }
+}
+
+/// The directory exists, is a real directory (not a link), is owned by this user and no one
+/// else may write it (then it is made 0700) — or it did not exist and is made so, 0700.
+/// Nothing below it can then be swapped or read by another user.
+pub fn ensure_private(dir: &Path) -> Result<()> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent.display(), e))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io("create", dir.display(), e)),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| Error::io("inspect", dir.display(), e))?;
+    let uid = nix::unistd::getuid().as_raw();
+    let problem = if meta.file_type().is_symlink() {
+        Some("is a symbolic link".to_owned())
+    } else if !meta.is_dir() {
+        Some("is not a directory".to_owned())
+    } else if meta.uid() != uid {
+        Some(format!("belongs to UID {}, not to you (UID {uid})", meta.uid()))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!("has mode {:04o}: other users may change it", meta.mode() & 0o7777))
+    } else {
+        None
+    };
+    match problem {
+        // Ours, and no one else could have written into it: closed to others from now on.
+        None if meta.mode() & 0o077 != 0 => {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io("chmod 0700", dir.display(), e))
+        }
+        None => Ok(()),
+        Some(p) => Err(refuse(
+            dir,
+            format!("{p}, so another user could replace what HPK runs"),
+            "remove it if it is yours (`chmod 0700` it if it is and you trust its content)",
+        )),
+    }
+}
+
+/// The filesystem's name if it is shared between machines.
+pub fn network_filesystem(magic: i64, fuse_subtype: Option<&str>) -> Option<String> {
+    if let Some((_, name)) = NETWORK_FILESYSTEMS.iter().find(|(m, _)| *m == magic) {
+        return Some((*name).to_owned());
+    }
+    let sub = fuse_subtype.filter(|_| magic == FUSE_MAGIC)?;
+    NETWORK_FUSE.contains(&sub).then(|| format!("fuse.{sub}"))
+}
+
+fn check_local(state: &Path) -> Result<()> {
+    let stat = nix::sys::statfs::statfs(state).map_err(|e| Error::io("statfs", state.display(), e.into()))?;
+    #[allow(clippy::unnecessary_cast)] // the field's type differs between C libraries
+    let magic = stat.filesystem_type().0 as i64;
+    let subtype = mount_fstype(state).and_then(|t| t.strip_prefix("fuse.").map(str::to_owned));
+    match network_filesystem(magic, subtype.as_deref()) {
+        None => Ok(()),
+        Some(name) => Err(refuse(
+            state,
+            format!(
+                "is on {name}, a network filesystem: CA keys, node keys and etcd would be readable from other machines"
+            ),
+            "keep state on the node itself",
+        )),
+    }
+}
+
+/// The filesystem type of the mount holding `path` (the longest mount point above it), from
+/// /proc/self/mountinfo.
+fn mount_fstype(path: &Path) -> Option<String> {
+    let path = path.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let point = PathBuf::from(unescape(fields.get(4)?));
+            let sep = fields.iter().position(|f| *f == "-")?;
+            let fstype = fields.get(sep + 1)?;
+            path.starts_with(&point).then(|| (point.components().count(), (*fstype).to_owned()))
+        })
+        .max_by_key(|(depth, _)| *depth)
+        .map(|(_, t)| t)
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let mut out = Vec::new();
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(code) = field.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn statvfs(state: &Path) -> Result<nix::sys::statvfs::Statvfs> {
+    nix::sys::statvfs::statvfs(state).map_err(|e| Error::io("statvfs", state.display(), e.into()))
+}
+
+fn check_exec(state: &Path) -> Result<()> {
+    if statvfs(state)?.flags().contains(nix::sys::statvfs::FsFlags::ST_NOEXEC) {
+        return Err(refuse(
+            state,
+            "is on a filesystem mounted noexec: the bubble's programs run from there".into(),
+            "use a filesystem mounted with exec",
+        ));
+    }
+    Ok(())
+}
+
+fn check_xattrs(state: &Path) -> Result<()> {
+    let dir = scratch_dir(state)?;
+    let file = dir.path().join("xattr");
+    std::fs::write(&file, b"").map_err(|e| Error::io("write", file.display(), e))?;
+    match rustix::fs::lsetxattr(&file, "user.hpk.preflight", b"1", rustix::fs::XattrFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(refuse(
+            state,
+            format!(
+                "its filesystem does not take user extended attributes ({e}): overlayfs keeps whiteouts in them inside a user namespace, and image ownership is recorded in them"
+            ),
+            "use ext4, xfs, btrfs or tmpfs (Linux 6.6 or newer for tmpfs)",
+        )),
+    }
+}
+
+fn check_free(state: &Path) -> Result<()> {
+    let min_mb =
+        std::env::var("HPK_STATE_MIN_FREE_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(MIN_FREE_MB);
+    let stat = statvfs(state)?;
+    #[allow(clippy::unnecessary_cast)] // the fields' types differ between C libraries
+    let free = (stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64);
+    if free / (1 << 20) < min_mb {
+        return Err(refuse(
+            state,
+            format!("has {} MiB free, less than the {min_mb} MiB a bubble needs", free >> 20),
+            "free some space there (HPK_STATE_MIN_FREE_MB sets the minimum)",
+        ));
+    }
+    Ok(())
+}
+
+/// A fresh directory for a check under `state`, removed with everything in it when dropped
+/// (directories an overlay made unreadable, its `work/work`, are opened up first).
+pub fn scratch_dir(state: &Path) -> Result<Scratch> {
+    let mut bytes = [0u8; 6];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::io("generate", "a name", std::io::Error::other(e.to_string())))?;
+    let dir = state.join(format!(".preflight-{}", hex::encode(bytes)));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| Error::io("create", dir.display(), e))?;
+    Ok(Scratch(dir))
+}
+
+/// See [`scratch_dir`].
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        open_up(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open_up(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            open_up(&entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_filesystems_are_known_by_magic_and_fuse_subtype() {
+        assert_eq!(network_filesystem(0x6969, None).as_deref(), Some("NFS"));
+        assert_eq!(network_filesystem(0x0BD0_0BD0, None).as_deref(), Some("Lustre"));
+        assert_eq!(network_filesystem(0x4750_4653, None).as_deref(), Some("GPFS (IBM Storage Scale)"));
+        assert_eq!(network_filesystem(0x1983_0326, None).as_deref(), Some("BeeGFS"));
+        assert_eq!(network_filesystem(0x00C3_6400, None).as_deref(), Some("CephFS"));
+        assert_eq!(network_filesystem(FUSE_MAGIC, Some("sshfs")).as_deref(), Some("fuse.sshfs"));
+        assert_eq!(network_filesystem(FUSE_MAGIC, Some("fuse-overlayfs")), None);
+        // ext4, xfs, tmpfs, btrfs
+        for local in [0xEF53, 0x5846_5342, 0x0102_1994, 0x9123_683E] {
+            assert_eq!(network_filesystem(local, None), None, "{local:#x}");
+        }
+    }
+
+    #[test]
+    fn a_directory_of_another_user_or_open_to_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().expect("tempdir");
+        let fresh = base.path().join("new/state");
+        ensure_private(&fresh).expect("made");
+        let mode = std::fs::metadata(&fresh).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        ensure_private(&fresh).expect("ours, private: accepted again");
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        ensure_private(&fresh).expect("ours, readable by others: closed");
+        assert_eq!(std::fs::metadata(&fresh).expect("stat").permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = ensure_private(&fresh).expect_err("world-writable").to_string();
+        assert!(err.contains("mode 0777"), "{err}");
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o770)).expect("chmod");
+        assert!(ensure_private(&fresh).is_err(), "group-writable");
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).expect("symlink");
+        assert!(ensure_private(&link).expect_err("a link").to_string().contains("symbolic link"));
+        if nix::unistd::getuid().is_root() {
+            let theirs = base.path().join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+            std::os::unix::fs::chown(&theirs, Some(61001), Some(61001)).expect("chown");
+            let err = ensure_private(&theirs).expect_err("another user's").to_string();
+            assert!(err.contains("belongs to UID 61001"), "{err}");
+        }
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}
