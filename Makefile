@@ -9,8 +9,23 @@ IMAGES_DIR ?= target/images
 # The images of the release binaries, for the lab and the release bundle; kept apart from
 # target/images, which the tests run.
 RELEASE_IMAGES_DIR ?= target/release/images
+# `make dist` packs the release build; `make dist PROFILE=debug` the debug build the tests run
+# (its image from `make images`), which the Slurm suite submits from.
+PROFILE ?= release
+# bin/hpk of the bundle: statically linked (musl), so it starts on any Linux (RHEL 8's glibc
+# 2.28 and older included).
+STATIC_TARGET ?= x86_64-unknown-linux-musl
+ifeq ($(PROFILE),release)
+DIST_IMAGE := $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar
+DIST_IMAGE_TARGET := release-images
+CARGO_PROFILE_FLAG := --release
+else
+DIST_IMAGE := $(IMAGES_DIR)/hpk-bubble.oci.tar
+DIST_IMAGE_TARGET :=
+CARGO_PROFILE_FLAG :=
+endif
 
-.PHONY: all build binaries images release-images develop dist test ci bench clean
+.PHONY: all build binaries images release-images static-hpk develop dist test ci bench clean
 
 all: build
 
@@ -39,9 +54,16 @@ release-images: binaries
 develop: release-images
 	vagrant/develop.sh --bin-dir bin --image $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar
 
-# What a user copies to a cluster: target/dist/hpk-<version>.tar.gz (scripts/dist.sh).
-dist: release-images
-	scripts/dist.sh --bin-dir bin --image $(RELEASE_IMAGES_DIR)/hpk-bubble.oci.tar --out target/dist
+# The launcher as one static binary: target/$(STATIC_TARGET)/<profile>/hpk.
+static-hpk:
+	$(CARGO) build -p hpk --locked --target $(STATIC_TARGET) $(CARGO_PROFILE_FLAG)
+
+# What a user copies to a cluster: target/dist/hpk-<version>.tar.gz (scripts/dist.sh): the
+# static bin/hpk, the bubble image (which carries crun and slirp4netns for the host side too),
+# slurm/hpk.slurm and a README.
+dist: static-hpk $(DIST_IMAGE_TARGET)
+	scripts/dist.sh --hpk target/$(STATIC_TARGET)/$(if $(filter release,$(PROFILE)),release,debug)/hpk \
+	  --image $(DIST_IMAGE) --out target/dist
 
 test:
 	$(CARGO) test --workspace --locked

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Packs the release bundle a user copies to a Slurm cluster: OUT/hpk-<version>.tar.gz holding
-# hpk-<version>/ with bin/hpk, share/hpk/hpk-bubble.oci.tar, slurm/hpk.slurm (when this
+# hpk-<version>/ with bin/hpk (statically linked: refused otherwise), share/hpk/hpk-bubble.oci.tar
+# (whose crun and slirp4netns also start the bubble on the host), slurm/hpk.slurm (when this
 # checkout has it) and README.md. `make dist` builds the inputs and runs this.
 #
-#   scripts/dist.sh --bin-dir DIR --image FILE [--out DIR]
+#   scripts/dist.sh --hpk FILE --image FILE [--out DIR]
 #
 # Unpacked anywhere on the cluster's shared filesystem, the directory is the HPK_PREFIX that
 # slurm/hpk.slurm reads its files from (by default the directory the job was submitted from):
@@ -15,19 +16,23 @@ source "$(dirname "$0")/lib.sh"
 die() { printf 'dist.sh: %s\n' "$*" >&2; exit 1; }
 usage() { sed -n '6s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
 
-bin_dir="" image="" out="$HPK_ROOT/target/dist"
+hpk="" image="" out="$HPK_ROOT/target/dist"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --bin-dir) bin_dir=${2:?}; shift 2 ;;
+    --hpk) hpk=${2:?}; shift 2 ;;
     --image) image=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     -h | --help) usage ;;
     *) echo "dist.sh: unknown argument: $1" >&2; usage ;;
   esac
 done
-if [ -z "$bin_dir" ] || [ -z "$image" ]; then usage; fi
-[ -x "$bin_dir/hpk" ] || die "$bin_dir/hpk is missing: run make binaries"
-[ -f "$image" ] || die "$image is missing: run make release-images"
+if [ -z "$hpk" ] || [ -z "$image" ]; then usage; fi
+[ -x "$hpk" ] || die "$hpk is missing: run make static-hpk"
+[ -f "$image" ] || die "$image is missing: run make release-images (or make images, for PROFILE=debug)"
+# A dynamic program would need the cluster's C library to match the one it was built with.
+if readelf -lW "$hpk" | grep -q 'Requesting program interpreter'; then
+  die "$hpk is dynamically linked: the bundle's hpk must be static (make static-hpk)"
+fi
 
 # The workspace's version ([workspace.package] in Cargo.toml), which every crate inherits.
 version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' "$HPK_ROOT/Cargo.toml")
@@ -37,7 +42,10 @@ name="hpk-$version"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tree="$work/$name"
-install -D -m 0755 "$bin_dir/hpk" "$tree/bin/hpk"
+mkdir -p "$tree/bin"
+# Symbols kept for backtraces, debug info dropped (a debug build's is hundreds of MB).
+strip --strip-debug -o "$tree/bin/hpk" "$hpk"
+chmod 0755 "$tree/bin/hpk"
 install -D -m 0644 "$image" "$tree/share/hpk/hpk-bubble.oci.tar"
 if [ -f "$HPK_ROOT/slurm/hpk.slurm" ]; then
   install -D -m 0755 "$HPK_ROOT/slurm/hpk.slurm" "$tree/slurm/hpk.slurm"

@@ -35,6 +35,11 @@ setup_packages() {
   # A real Slurm cluster in test namespaces (integration/src/slurm.rs): slurmctld, slurmd, the
   # client commands, and munge for their authentication.
   apt_install slurm-wlm munge
+  # The several-ID bubbles: the setuid newuidmap/newgidmap pair (the one host helper HPK may
+  # use) and /etc/subuid ranges, as sites that offer rootless containers have them.
+  apt_install uidmap
+  # The release bundle's static hpk (x86_64-unknown-linux-musl): musl-gcc for ring's C parts.
+  apt_install musl-tools
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
   # The same for iperf3, should it have been enabled before, and for Slurm and munge: the
@@ -55,6 +60,13 @@ setup_dev_net_tun() {
     echo "chmod 0666 /dev/net/tun"
     as_root chmod 0666 /dev/net/tun
   fi
+}
+
+# The Rust target of the bundle's static hpk, for the toolchain rust-toolchain.toml pins.
+setup_rust_targets() {
+  command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
+  (cd "$HPK_ROOT" && rustup target list --installed | grep -qx x86_64-unknown-linux-musl) ||
+    (cd "$HPK_ROOT" && rustup target add x86_64-unknown-linux-musl)
 }
 
 setup_tools() {
@@ -87,6 +99,7 @@ setup_controlplane() {
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   stage "apt packages" setup_packages
   stage "/dev/net/tun" setup_dev_net_tun
+  stage "rust targets" setup_rust_targets
   stage "go tools" setup_tools
   stage "control plane" setup_controlplane
 fi

@@ -18,6 +18,7 @@ shell_scripts() {
 trap stage_summary EXIT
 stage "apt packages" setup_packages
 stage "/dev/net/tun" setup_dev_net_tun
+stage "rust targets" setup_rust_targets
 stage "go tools" setup_tools
 stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
@@ -39,6 +40,9 @@ build_images() {
   make images
 }
 stage "binaries and images" build_images
+# The release bundle of that build (static bin/hpk, the image, slurm/hpk.slurm): the Slurm
+# suite submits from it, unpacked, as a user does.
+stage "release bundle" make dist PROFILE=debug
 # cargo prints one result line per test binary, the last often a doc-test run of 0; close with
 # the sum so the outcome is one line.
 cargo_test() {
