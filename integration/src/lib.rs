@@ -60,6 +60,24 @@ pub fn tools_present(tools: &[&str]) -> bool {
     false
 }
 
+/// The release bundle the Slurm suite submits from (`make dist PROFILE=debug` writes it to
+/// `target/dist/hpk-<version>.tar.gz`, of the binaries and image the tests run; or
+/// `HPK_BUNDLE`). A missing bundle skips with the reason printed, or fails under
+/// `HPK_REQUIRE_TOOLS=1`.
+pub fn release_bundle() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("HPK_BUNDLE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../target/dist/hpk-{}.tar.gz", env!("CARGO_PKG_VERSION")))
+    });
+    if path.is_file() {
+        return Some(path);
+    }
+    let why = format!("no release bundle at {} (make dist PROFILE=debug)", path.display());
+    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
 /// The hpk-bubble image the tests run (`make images` builds it into `target/images/`; or
 /// `HPK_IMAGE`). A missing image skips with the reason printed, or fails under
 /// `HPK_REQUIRE_TOOLS=1`.

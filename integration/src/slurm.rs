@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub use job::{JobInfo, expand_hostlist};
+pub use job::{JobInfo, NodeAllocation, expand_hostlist, parse_allocation};
 pub use user::SlurmUser;
 
 use crate::netns::{TestNetwork, ip, run};
@@ -69,15 +69,46 @@ pub struct SlurmOptions {
     pub nodes: usize,
     /// CPUs each node offers (independent of the machine's), so 1-CPU jobs can share a node.
     pub cpus_per_node: u32,
+    /// Memory each node offers (`RealMemory`, MB): memory is a consumable, and a job that asks
+    /// for none gets `DefMemPerCPU` (2048 MB: a controller bubble's control plane needs about
+    /// 1 GB) per CPU. Confined by `task/cgroup` when [`Self::cgroups`].
+    pub memory_mb_per_node: u32,
+    /// GPUs each node offers as GRES `gpu`: character devices (195, N) the harness makes.
+    pub gpus_per_node: u32,
+    /// Process tracking and task confinement by cgroup (`proctrack/cgroup`, `task/cgroup`
+    /// with memory and devices constrained), each node in a cgroup of its own; else
+    /// `proctrack/linuxproc` and `task/none`.
+    pub cgroups: bool,
+    /// Programs job steps on the compute nodes must not find (an empty, non-executable file is
+    /// bound over each in every node's mount namespace), as a site's nodes lack them:
+    /// [`SITE_HIDDEN`], [`ONE_ID_HIDDEN`].
+    pub hidden_tools: Vec<String>,
+    /// Give the user subordinate ID ranges (`/etc/subuid`, `/etc/subgid`), for rootless
+    /// containers with several IDs.
+    pub subordinate_ids: bool,
     /// Seconds between SIGTERM and SIGKILL when a job is cancelled or times out (`KillWait`).
     pub kill_wait_secs: u32,
 }
 
 impl Default for SlurmOptions {
     fn default() -> Self {
-        Self { nodes: 3, cpus_per_node: 4, kill_wait_secs: 30 }
+        Self {
+            nodes: 3,
+            cpus_per_node: 4,
+            memory_mb_per_node: 8192,
+            gpus_per_node: 2,
+            cgroups: true,
+            hidden_tools: Vec::new(),
+            subordinate_ids: false,
+            kill_wait_secs: 30,
+        }
     }
 }
+
+/// What a typical compute node lacks: the rootless container tools (sites have Apptainer).
+pub const SITE_HIDDEN: &[&str] = &["crun", "runc", "slirp4netns", "pasta", "nsenter", "unshare"];
+/// What a node without subordinate IDs lacks besides.
+pub const ONE_ID_HIDDEN: &[&str] = &["newuidmap", "newgidmap"];
 
 /// One compute node.
 #[derive(Clone, Debug)]
@@ -100,6 +131,7 @@ pub struct SlurmCluster {
     slurmctld: Process,
     munged: Process,
     nodes: Vec<SlurmNode>,
+    cgroups: Vec<PathBuf>,
     user: SlurmUser,
     network: TestNetwork,
     conf: PathBuf,
@@ -166,7 +198,11 @@ impl SlurmCluster {
         let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node{i}")).collect();
         let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let network = TestNetwork::create(&name_refs)?;
-        let user = SlurmUser::create(&format!("{USER_PREFIX}{}", network.id()), &d.join("home"))?;
+        let user = SlurmUser::create(
+            &format!("{USER_PREFIX}{}", network.id()),
+            &d.join("home"),
+            opts.subordinate_ids,
+        )?;
 
         let (munge_dir, state_dir, spool_dir, log_dir) =
             (d.join("munge"), d.join("state"), d.join("spool"), d.join("log"));
@@ -198,14 +234,26 @@ impl SlurmCluster {
             log_dir: &log_dir,
             nodes: &nodes_ips,
             cpus_per_node: opts.cpus_per_node,
+            memory_mb_per_node: opts.memory_mb_per_node,
+            gpus_per_node: opts.gpus_per_node,
+            cgroups: opts.cgroups,
             kill_wait_secs: opts.kill_wait_secs,
             partition: PARTITION,
         });
         write_file(&conf, &conf_text)?;
+        // Slurm reads gres.conf and cgroup.conf beside slurm.conf.
+        write_file(&d.join("gres.conf"), &conf::gres_conf(&make_gpus(&d.join("dev"), opts.gpus_per_node)?))?;
+        write_file(&d.join("cgroup.conf"), &conf::cgroup_conf())?;
         let hosts = d.join("hosts");
         write_file(&hosts, &conf::hosts_file(network.gateway(), &nodes_ips))?;
+        let etc_hosts = (hosts.clone(), PathBuf::from("/etc/hosts"));
+        let hidden = hidden_paths(&opts.hidden_tools);
+        let empty = d.join("hidden-tool");
+        write_file(&empty, "")?;
+        set_mode(&empty, 0o644)?;
 
-        let mut cmd = in_own_host(conf::CTL_HOSTNAME, &hosts, Command::new("unshare"));
+        let mut cmd =
+            in_own_host(conf::CTL_HOSTNAME, std::slice::from_ref(&etc_hosts), Command::new("unshare"));
         cmd.args(["slurmctld", "-D", "-f"]).arg(&conf);
         let mut slurmctld = Process::spawn("slurmctld", cmd, &log_dir.join("slurmctld.out"))?;
         wait_for("slurmctld", START_TIMEOUT, &mut [&mut slurmctld], || {
@@ -215,10 +263,21 @@ impl SlurmCluster {
 
         let mut slurmds = Vec::new();
         let mut nodes = Vec::new();
+        let mut cgroups = Vec::new();
         for host in network.hosts() {
+            let mut binds = vec![etc_hosts.clone()];
+            binds.extend(hidden.iter().map(|p| (empty.clone(), p.clone())));
+            if opts.cgroups {
+                // Each node's cgroups in a tree of its own, seen as the hierarchy's root there:
+                // the slurmds of one machine would otherwise share slurm/uid_N/job_M/step_0.
+                for (own, root) in node_cgroups(&format!("{}-{}", network.id(), host.name))? {
+                    cgroups.push(own.clone());
+                    binds.push((own, root));
+                }
+            }
             let mut nsenter = Command::new("nsenter");
             nsenter.arg(format!("--net=/run/netns/{}", host.netns)).arg("unshare");
-            let mut cmd = in_own_host(&host.name, &hosts, nsenter);
+            let mut cmd = in_own_host(&host.name, &binds, nsenter);
             cmd.args(["slurmd", "-D", "-f"]).arg(&conf).args(["-N", &host.name]);
             let slurmd = Process::spawn(
                 &format!("slurmd {}", host.name),
@@ -233,7 +292,8 @@ impl SlurmCluster {
             });
             slurmds.push(slurmd);
         }
-        let mut cluster = Self { slurmds, slurmctld, munged, nodes, user, network, conf, log_dir, dir };
+        let mut cluster =
+            Self { slurmds, slurmctld, munged, nodes, cgroups, user, network, conf, log_dir, dir };
         cluster.wait_ready()?;
         tracing::info!(nodes = opts.nodes, elapsed = ?started.elapsed(), "slurm cluster up");
         Ok(cluster)
@@ -372,6 +432,12 @@ impl SlurmCluster {
         }
     }
 
+    /// What running job `id` holds on each node (`scontrol show job -d`).
+    pub fn allocation(&self, id: u32) -> Result<Vec<NodeAllocation>> {
+        let out = run(root_command(&self.conf, "scontrol").args(["show", "job", "-d", &id.to_string()]))?;
+        Ok(parse_allocation(&out))
+    }
+
     /// `scancel EXTRA ID` as the user.
     pub fn scancel(&self, id: u32, extra: &[&str]) -> Result<()> {
         run(self.command_as_user("scancel").args(extra).arg(id.to_string())).map(drop)
@@ -456,6 +522,9 @@ impl Drop for SlurmCluster {
         crate::process::stop_pids(&left, Duration::from_secs(5));
         self.slurmctld.stop();
         self.munged.stop();
+        for cgroup in &self.cgroups {
+            remove_cgroup(cgroup);
+        }
         // Then the fields: the user (and its remaining processes), the network, the directory.
     }
 }
@@ -486,6 +555,77 @@ fn logs_tail(dir: &Path, names: &[String]) -> String {
         out.push_str(&format!("==> {name} <==\n{tail}\n"));
     }
     out
+}
+
+/// `count` GPU device nodes (character devices 195, N, as NVIDIA's) in `dir`, for gres.conf.
+fn make_gpus(dir: &Path, count: u32) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
+    (0..count)
+        .map(|i| {
+            let path = dir.join(format!("nvidia{i}"));
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o666);
+            nix::sys::stat::mknod(
+                &path,
+                nix::sys::stat::SFlag::S_IFCHR,
+                mode,
+                nix::sys::stat::makedev(195, u64::from(i)),
+            )
+            .map_err(|e| Error::io("mknod", path.display(), e.into()))?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// Every path under [`USER_PATH`]'s directories where one of `tools` is found (resolved, once).
+fn hidden_paths(tools: &[String]) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = USER_PATH
+        .split(':')
+        .flat_map(|dir| tools.iter().map(move |t| Path::new(dir).join(t)))
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// The cgroup v1 controllers Slurm's cgroup plugins use here: the freezer (process tracking),
+/// memory and devices (task confinement).
+const SLURM_CONTROLLERS: [&str; 3] = ["freezer", "memory", "devices"];
+
+/// A cgroup of its own in each controller for node `name` (`hpkt-<name>`), with the root each
+/// is bound over in the node's mount namespace.
+fn node_cgroups(name: &str) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let mut made = Vec::new();
+    for controller in SLURM_CONTROLLERS {
+        let root = Path::new("/sys/fs/cgroup").join(controller);
+        if !root.join("tasks").exists() {
+            return Err(Error::Missing {
+                what: format!("the cgroup v1 {controller} controller at {}", root.display()),
+                hint: "run on a host with cgroup v1 controllers, or set SlurmOptions::cgroups to false"
+                    .into(),
+            });
+        }
+        let own = root.join(format!("hpkt-{name}"));
+        if !own.exists() {
+            std::fs::create_dir(&own).map_err(|e| Error::io("create", own.display(), e))?;
+        }
+        made.push((own, root));
+    }
+    Ok(made)
+}
+
+/// Removes a cgroup and the ones Slurm made below it, deepest first (their processes are gone).
+fn remove_cgroup(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup(&entry.path());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::warn!(cgroup = %dir.display(), error = %e, "could not remove a node's cgroup");
+    }
 }
 
 fn write_file(path: &Path, text: &str) -> Result<()> {

@@ -69,3 +69,33 @@ pub fn httpd_image() -> Result<Image> {
     };
     build_image(vec![busybox_layer()?, www.build()?], &config)
 }
+
+/// The UIDs and GIDs [`owners_image`]'s files belong to: a user's home (1000), a group's
+/// shared directory (50000, as agnhost's image has), a web server's cache (101, as nginx's).
+pub const OWNERS: [(&str, u32, u32); 3] =
+    [("home/user", 1000, 1000), ("srv/shared", 0, 50000), ("var/cache/web", 101, 101)];
+
+/// A busybox image whose files belong to several users, as most real images' do: a home of
+/// UID 1000 (0700), a setgid directory of GID 50000 (2770) and a cache of UID 101 (0700), each
+/// with a file of its owner's, and those users in `/etc/passwd` and `/etc/group`.
+pub fn owners_image() -> Result<Image> {
+    let mut layer = LayerBuilder::new();
+    layer
+        .file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nweb:x:101:101::/var/cache/web:/bin/sh\n", 0o644)?
+        .file("etc/group", "root:x:0:\nuser:x:1000:\nweb:x:101:\nshared:x:50000:user,web\n", 0o644)?
+        .dir("home/user", 0o700)?
+        .file("home/user/.profile", "echo welcome\n", 0o644)?
+        .dir("srv/shared", 0o2770)?
+        .file("srv/shared/readme", "shared\n", 0o660)?
+        .dir("var/cache/web", 0o700)?
+        .file("var/cache/web/index", "cached\n", 0o600)?;
+    layer.chown("home/user", 1000, 1000)?.chown("home/user/.profile", 1000, 1000)?;
+    layer.chown("srv/shared", 0, 50000)?.chown("srv/shared/readme", 0, 50000)?;
+    layer.chown("var/cache/web", 101, 101)?.chown("var/cache/web/index", 101, 101)?;
+    let config = ImageConfig {
+        cmd: vec!["sh".to_owned()],
+        env: vec![DEFAULT_PATH.to_owned()],
+        ..ImageConfig::default()
+    };
+    build_image(vec![busybox_layer()?, layer.build()?], &config)
+}

@@ -26,6 +26,8 @@ enum Entry {
 pub struct LayerBuilder {
     // Sorted by path, so a parent always comes before its children and the tar is reproducible.
     entries: BTreeMap<String, Entry>,
+    // Owners other than root (uid, gid), by path.
+    owners: BTreeMap<String, (u32, u32)>,
 }
 
 impl LayerBuilder {
@@ -51,6 +53,17 @@ impl LayerBuilder {
         self.insert(path, Entry::Symlink { target })
     }
 
+    /// Makes an entry added before owned by `uid`:`gid` (entries are root's otherwise), as
+    /// real images have files of other users (nginx's 101, postgres' 999 …).
+    pub fn chown(&mut self, path: &str, uid: u32, gid: u32) -> Result<&mut Self> {
+        let path = normalize(path)?;
+        if !self.entries.contains_key(&path) {
+            return Err(Error::InvalidPath { path, reason: "chown of a path the layer does not have" });
+        }
+        self.owners.insert(path, (uid, gid));
+        Ok(self)
+    }
+
     fn insert(&mut self, path: &str, entry: Entry) -> Result<&mut Self> {
         let path = normalize(path)?;
         if self.entries.contains_key(&path) {
@@ -60,12 +73,14 @@ impl LayerBuilder {
         Ok(self)
     }
 
-    /// Writes the tar (mtime 0, uid/gid 0, sorted), hashes it, and gzips it.
+    /// Writes the tar (mtime 0, owners root unless [`Self::chown`]ed, sorted), hashes it, and
+    /// gzips it.
     pub fn build(&self) -> Result<Layer> {
         let entries = self.with_parents()?;
         let mut tar = tar::Builder::new(Vec::new());
         for (path, entry) in &entries {
-            append(&mut tar, path, entry).map_err(|source| Error::Archive {
+            let owner = self.owners.get(path).copied().unwrap_or((0, 0));
+            append(&mut tar, path, entry, owner).map_err(|source| Error::Archive {
                 action: "writing",
                 path: path.clone(),
                 source,
@@ -124,11 +139,16 @@ fn normalize(path: &str) -> Result<String> {
     Ok(trimmed.to_owned())
 }
 
-fn append(tar: &mut tar::Builder<Vec<u8>>, path: &str, entry: &Entry) -> io::Result<()> {
+fn append(
+    tar: &mut tar::Builder<Vec<u8>>,
+    path: &str,
+    entry: &Entry,
+    (uid, gid): (u32, u32),
+) -> io::Result<()> {
     let mut header = tar::Header::new_gnu();
     header.set_mtime(0);
-    header.set_uid(0);
-    header.set_gid(0);
+    header.set_uid(u64::from(uid));
+    header.set_gid(u64::from(gid));
     header.set_size(0);
     match entry {
         Entry::Dir { mode } => {

@@ -22,7 +22,8 @@ mod layer;
 
 pub use binary::{static_binary_image, static_binary_image_from};
 pub use busybox::{
-    BUSYBOX, HTTPD_INDEX, HTTPD_PORT, busybox_available, busybox_layer, httpd_image, shell_image,
+    BUSYBOX, HTTPD_INDEX, HTTPD_PORT, OWNERS, busybox_available, busybox_layer, httpd_image, owners_image,
+    shell_image,
 };
 pub use layer::{Layer, LayerBuilder};
 

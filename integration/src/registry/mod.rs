@@ -180,17 +180,20 @@ pub struct TestImages {
     pub shell: String,
     /// `hpk/httpd:v1`: busybox httpd serving [`crate::image::HTTPD_INDEX`] on port 8080.
     pub httpd: String,
+    /// `hpk/owners:v1`: busybox with files of several users ([`crate::image::owners_image`]).
+    pub owners: String,
     /// `hpk/coredns:v1`: the static `coredns` binary `scripts/setup.sh` builds, when asked for.
     pub coredns: Option<String>,
 }
 
 impl TestImages {
-    /// Builds and pushes the shell and httpd images, and CoreDNS's with `coredns`.
+    /// Builds and pushes the shell, httpd and owners images, and CoreDNS's with `coredns`.
     pub async fn push(registry: &Registry, coredns: bool) -> crate::Result<Self> {
         let client = Client::new(&registry.url()).map_err(Box::new)?;
         let r = registry.host_port();
         client.push("hpk/shell", "v1", &image::shell_image()?).await.map_err(Box::new)?;
         client.push("hpk/httpd", "v1", &image::httpd_image()?).await.map_err(Box::new)?;
+        client.push("hpk/owners", "v1", &image::owners_image()?).await.map_err(Box::new)?;
         let coredns = if coredns {
             let binary = crate::clusterdns::coredns_binary()?;
             client
@@ -201,6 +204,11 @@ impl TestImages {
         } else {
             None
         };
-        Ok(Self { shell: format!("{r}/hpk/shell:v1"), httpd: format!("{r}/hpk/httpd:v1"), coredns })
+        Ok(Self {
+            shell: format!("{r}/hpk/shell:v1"),
+            httpd: format!("{r}/hpk/httpd:v1"),
+            owners: format!("{r}/hpk/owners:v1"),
+            coredns,
+        })
     }
 }

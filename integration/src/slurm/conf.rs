@@ -16,14 +16,21 @@ pub(super) struct ConfParams<'a> {
     pub log_dir: &'a Path,
     pub nodes: &'a [(String, Ipv4Addr)],
     pub cpus_per_node: u32,
+    pub memory_mb_per_node: u32,
+    pub gpus_per_node: u32,
+    pub cgroups: bool,
     pub kill_wait_secs: u32,
     pub partition: &'a str,
 }
 
+/// Memory a job gets per CPU when it does not ask (`--mem`, `--mem-per-cpu`), in MB.
+pub(super) const DEF_MEM_PER_CPU_MB: u32 = 2048;
+
 /// The hostname slurmctld runs under (its UTS namespace), as `SlurmctldHost` names it.
 pub(super) const CTL_HOSTNAME: &str = "ctl";
 
-/// Renders slurm.conf: no cgroups, no accounting, every path inside the cluster's directory.
+/// Renders slurm.conf: memory and GPUs as consumables, cgroup process tracking where asked,
+/// no accounting, every path inside the cluster's directory.
 pub(super) fn slurm_conf(p: &ConfParams) -> String {
     let d = |path: &Path| path.display().to_string();
     let mut conf = format!(
@@ -43,8 +50,8 @@ SlurmctldLogFile={log}/slurmctld.log
 SlurmdSpoolDir={spool}/%n
 SlurmdPidFile={spool}/slurmd-%n.pid
 SlurmdLogFile={log}/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType={proctrack}
+TaskPlugin={task}
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -52,7 +59,10 @@ MpiDefault=none
 SwitchType=switch/none
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# Memory is a consumable, as at most sites: --mem, --mem-per-cpu, or DefMemPerCPU.
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={def_mem}
+GresTypes=gpu
 # Batch jobs start at once instead of up to 3 s later.
 SchedulerParameters=batch_sched_delay=0
 # The nodes claim more CPUs than the machine has, so that several 1-CPU jobs share one.
@@ -72,13 +82,17 @@ KillWait={kill_wait}
         log = d(p.log_dir),
         spool = d(p.spool_dir),
         kill_wait = p.kill_wait_secs,
+        def_mem = DEF_MEM_PER_CPU_MB,
+        proctrack = if p.cgroups { "proctrack/cgroup" } else { "proctrack/linuxproc" },
+        task = if p.cgroups { "task/cgroup" } else { "task/none" },
     );
-    let cpus = p.cpus_per_node;
+    let (cpus, memory) = (p.cpus_per_node, p.memory_mb_per_node);
+    let gres = if p.gpus_per_node > 0 { format!(" Gres=gpu:{}", p.gpus_per_node) } else { String::new() };
     for (name, ip) in p.nodes {
         let _ = writeln!(
             conf,
             "NodeName={name} NodeAddr={ip} NodeHostname={name} CPUs={cpus} Sockets=1 \
-             CoresPerSocket={cpus} ThreadsPerCore=1 State=UNKNOWN"
+             CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory={memory}{gres} State=UNKNOWN"
         );
     }
     let names: Vec<&str> = p.nodes.iter().map(|(name, _)| name.as_str()).collect();
@@ -89,6 +103,24 @@ KillWait={kill_wait}
         names.join(",")
     );
     conf
+}
+
+/// gres.conf: each node's GPUs are the character devices `devices` (`…/nvidia0`, …), which the
+/// harness makes; nothing is autodetected.
+pub(super) fn gres_conf(devices: &[std::path::PathBuf]) -> String {
+    let mut gres = String::from("AutoDetect=off\n");
+    for device in devices {
+        let _ = writeln!(gres, "Name=gpu File={}", device.display());
+    }
+    gres
+}
+
+/// cgroup.conf: cgroup v1 (this machine's hierarchy), tasks confined to their memory and
+/// devices. Cores are not confined: the nodes claim more CPUs than the machine has.
+pub(super) fn cgroup_conf() -> String {
+    "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nConstrainCores=no\nConstrainRAMSpace=yes\n\
+     ConstrainSwapSpace=no\nConstrainDevices=yes\n"
+        .to_owned()
 }
 
 /// The hosts file bind-mounted over /etc/hosts for slurmctld and every slurmd.
@@ -122,6 +154,9 @@ mod tests {
             log_dir: Path::new("/t/log"),
             nodes: &nodes,
             cpus_per_node: 4,
+            memory_mb_per_node: 4096,
+            gpus_per_node: 2,
+            cgroups: true,
             kill_wait_secs: 7,
             partition: "batch",
         });
@@ -129,6 +164,9 @@ mod tests {
         assert!(conf.contains("AuthInfo=socket=/t/munge/socket\n"));
         assert!(conf.contains("KillWait=7\n"));
         assert!(conf.contains("NodeName=node2 NodeAddr=10.250.7.11 NodeHostname=node2 CPUs=4 "));
+        assert!(conf.contains(" RealMemory=4096 Gres=gpu:2 State=UNKNOWN\n"), "{conf}");
+        assert!(conf.contains("SelectTypeParameters=CR_Core_Memory\n"));
+        assert!(conf.contains("ProctrackType=proctrack/cgroup\n"));
         assert!(conf.contains("PartitionName=batch Nodes=node1,node2 Default=YES MaxTime=UNLIMITED"));
     }
 

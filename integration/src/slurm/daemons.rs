@@ -2,7 +2,7 @@
 //! namespaces of their own, and the bounded wait for each to be ready.
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -31,14 +31,20 @@ pub(super) fn start_munged(munge_dir: &Path, log_dir: &Path) -> Result<Process> 
 }
 
 /// Makes `base` (`unshare` alone, or after `nsenter --net`) run the program appended to the
-/// returned command in a UTS namespace named `hostname` and a mount namespace where /etc/hosts
-/// is `hosts`. Each step execs, so the process keeps the PID the harness spawned.
-pub(super) fn in_own_host(hostname: &str, hosts: &Path, mut base: Command) -> Command {
+/// returned command in a UTS namespace named `hostname` and a mount namespace of its own where
+/// each `(source, target)` of `binds` is bind-mounted (/etc/hosts first). Each step execs, so
+/// the process keeps the PID the harness spawned.
+pub(super) fn in_own_host(hostname: &str, binds: &[(PathBuf, PathBuf)], mut base: Command) -> Command {
     base.args(["--uts", "--mount", "--propagation", "slave", "--", "sh", "-c"])
-        .arg(r#"hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@""#)
+        .arg(
+            r#"hostname "$1" && shift && while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done && shift && exec "$@""#,
+        )
         .arg("sh")
-        .arg(hostname)
-        .arg(hosts);
+        .arg(hostname);
+    for (source, target) in binds {
+        base.arg(source).arg(target);
+    }
+    base.arg("--");
     base
 }
 

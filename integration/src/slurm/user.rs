@@ -29,15 +29,29 @@ pub struct SlurmUser {
     pub home: PathBuf,
     /// The UIDs /etc/subuid gives it for rootless containers (useradd adds a range when the
     /// file exists): a container's processes run as those.
-    subordinate_uids: Option<std::ops::Range<u32>>,
+    pub subordinate_uids: Option<std::ops::Range<u32>>,
 }
 
 impl SlurmUser {
     /// Creates `name` with a bash login shell and the home `home` (whose parent must exist and
-    /// be traversable by everyone).
-    pub(super) fn create(name: &str, home: &Path) -> Result<Self> {
+    /// be traversable by everyone); with `subordinate`, it gets ranges of subordinate UIDs and
+    /// GIDs (`/etc/subuid`, `/etc/subgid`), as a site that offers rootless containers gives.
+    pub(super) fn create(name: &str, home: &Path, subordinate: bool) -> Result<Self> {
         let home_arg = home.display().to_string();
+        if subordinate {
+            // useradd gives new users a range (login.defs' SUB_UID_COUNT) once the files exist.
+            for file in ["/etc/subuid", "/etc/subgid"] {
+                if !Path::new(file).exists() {
+                    std::fs::write(file, "").map_err(|e| Error::io("create", file, e))?;
+                }
+            }
+        }
         passwd_command(&["useradd", "--create-home", "--home-dir", &home_arg, "--shell", "/bin/bash", name])?;
+        if subordinate && subordinate_uids(name).is_none() {
+            let start = next_free_range();
+            let range = format!("{start}-{}", start + SUBORDINATE_COUNT - 1);
+            passwd_command(&["usermod", "--add-subuids", &range, "--add-subgids", &range, name])?;
+        }
         let user = nix::unistd::User::from_name(name).ok().flatten().ok_or_else(|| Error::Missing {
             what: format!("user {name}"),
             hint: "useradd made no entry".into(),
@@ -83,6 +97,11 @@ impl SlurmUser {
             // Never a system account, whatever its name.
             .filter(|u| u.uid >= 1000 && u.uid != u32::MAX)
             .collect()
+    }
+
+    /// Whether `uid` is this user's or one of its subordinate UIDs.
+    pub fn owns(&self, uid: u32) -> bool {
+        uid == self.uid || self.subordinate_uids.as_ref().is_some_and(|r| r.contains(&uid))
     }
 
     /// The PIDs of every process running as this user or one of its subordinate UIDs, in any
@@ -136,6 +155,26 @@ fn passwd_command(args: &[&str]) -> Result<String> {
             other => return other,
         }
     }
+}
+
+/// How many subordinate IDs a user gets.
+const SUBORDINATE_COUNT: u32 = 65_536;
+
+/// The first ID after every range of /etc/subuid and /etc/subgid (at least 200000).
+fn next_free_range() -> u32 {
+    let end = |file: &str| {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(':').skip(1);
+                let start: u32 = f.next()?.parse().ok()?;
+                start.checked_add(f.next()?.parse().ok()?)
+            })
+            .max()
+            .unwrap_or(0)
+    };
+    end("/etc/subuid").max(end("/etc/subgid")).max(200_000)
 }
 
 /// The user's range in /etc/subuid (`name:start:count`), if it has one.
