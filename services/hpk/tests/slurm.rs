@@ -2,11 +2,18 @@
 //! slurmd per test host, each in its own network namespace), submitted by an unprivileged
 //! user, and the cluster used through kubectl only.
 //!
-//! - the end-to-end suite on 3 nodes, ended by `scancel`;
+//! Jobs are submitted from the unpacked release bundle (`make dist`), on nodes that hide crun,
+//! slirp4netns, nsenter and unshare, with memory and GPUs as consumables and cgroup process
+//! tracking (`hpk_integration::slurm`).
+//!
+//! - the end-to-end suite on 3 nodes, once with one mapped ID (no newuidmap) and once with
+//!   several (subordinate ranges), ended by `scancel`: the Nodes are the allocation, an image
+//!   whose files belong to several users runs on every node;
 //! - faults: the API server restarted, a worker's bubble killed;
 //! - the job's time limit: a graceful end with preStop hooks run;
-//! - bad input: more nodes than the partition, two clusters on the same hosts, a node
-//!   without /dev/net/tun.
+//! - bad input: more nodes than the partition, two clusters on the same hosts, and each
+//!   preflight refusal on one node (another user's state directory, noexec, no space, no
+//!   user xattrs, no overlayfs there, user namespaces disabled, no /dev/net/tun).
 
 mod support;
 
@@ -14,7 +21,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::slurm::{SERIAL, SlurmEnv};
+use support::slurm::{Ids, SERIAL, SlurmEnv};
 use support::{eventually_or, text};
 
 fn prerequisites() -> bool {
@@ -94,26 +101,144 @@ fn exec_ok(env: &SlurmEnv, id: u32, pod: &str, script: &str) -> String {
     )
 }
 
+/// Each Node's capacity and allocatable are what Slurm granted the job on that node: its
+/// CPUs, memory and GPUs as `scontrol show job -d` lists them.
+fn nodes_are_the_allocation(env: &SlurmEnv, id: u32) {
+    let allocation = env.slurm.allocation(id).expect("scontrol show job -d");
+    assert_eq!(allocation.len(), 3, "{allocation:?}");
+    for a in &allocation {
+        for field in ["capacity", "allocatable"] {
+            let jsonpath = format!(
+                "jsonpath={{.status.{field}.cpu}} {{.status.{field}.memory}} {{.status.{field}.nvidia\\.com/gpu}}"
+            );
+            let got = env.kubectl_ok(id, &["get", "node", &a.node, "-o", &jsonpath]);
+            let parts: Vec<&str> = got.split(' ').collect();
+            assert_eq!(parts.len(), 3, "{got:?}");
+            assert_eq!(parts[0], a.cpus.to_string(), "{} {field} cpu ({a:?})", a.node);
+            assert_eq!(mebibytes(parts[1]), Some(a.memory_mb), "{} {field} memory {got:?} ({a:?})", a.node);
+            assert_eq!(
+                parts[2].trim().parse::<u32>().unwrap_or(0),
+                a.gpus,
+                "{} {field} GPUs ({a:?})",
+                a.node
+            );
+        }
+    }
+}
+
+/// A Kubernetes binary quantity (`3Gi`, `1536Mi`) in MiB.
+fn mebibytes(q: &str) -> Option<u64> {
+    let (n, shift) = [("Ti", 20), ("Gi", 10), ("Mi", 0)]
+        .iter()
+        .find_map(|(s, shift)| Some((q.strip_suffix(s)?, *shift)))?;
+    n.parse::<u64>().ok().map(|n| n << shift)
+}
+
+/// A Deployment of an image whose files belong to several users (a home of UID 1000, a
+/// directory of GID 50000, a cache of UID 101), one pod on every node, each container writing
+/// and reading its own files as its own user. With several IDs the pods run as those users
+/// and see the owners; with one, they run as root of the bubble and an event says so.
+fn images_of_several_owners(env: &SlurmEnv, id: u32) {
+    let containers = format!(
+        "- name: home
+  image: {image}
+  securityContext: {{runAsUser: 1000, runAsGroup: 1000}}
+  command: [sh, -c, 'echo mine > /home/user/note && echo group > /srv/shared/note && {LOOP}']
+- name: web
+  image: {image}
+  securityContext: {{runAsUser: 101, runAsGroup: 101}}
+  command: [sh, -c, 'echo page > /var/cache/web/page && {LOOP}']",
+        image = env.owners
+    );
+    let manifest = spread("owners", 3, "DoNotSchedule", 1, &containers).replace(
+        "      terminationGracePeriodSeconds: 1\n",
+        "      terminationGracePeriodSeconds: 1\n      securityContext: {supplementalGroups: [50000]}\n",
+    );
+    env.apply(id, &manifest);
+    let pods = env.running(id, "app=owners", 3, Duration::from_secs(120));
+    let on: std::collections::BTreeSet<&str> = pods.iter().map(|(_, n, _)| n.as_str()).collect();
+    assert_eq!(on.len(), 3, "one on every node: {pods:?}");
+    for (pod, node, _) in &pods {
+        let exec = |container: &str, script: &str| {
+            let out = env.kubectl(id, &["exec", pod, "-c", container, "--", "sh", "-c", script]);
+            assert!(out.status.success(), "{pod} on {node}, {container}: {script}: {}", text(&out));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert_eq!(
+            exec("home", "cat /home/user/note /srv/shared/note /home/user/.profile"),
+            "mine\ngroup\necho welcome\n"
+        );
+        assert_eq!(exec("web", "cat /var/cache/web/page /var/cache/web/index"), "page\ncached\n");
+        let (home_id, web_id) = (exec("home", "id -u; id -G"), exec("web", "id -u"));
+        if env.ids == Ids::Several {
+            assert_eq!(home_id.lines().next(), Some("1000"), "{pod} on {node}: {home_id}");
+            assert!(home_id.contains("50000"), "supplementalGroups: {home_id}");
+            assert_eq!(web_id.trim(), "101", "{pod} on {node}");
+            let owners = exec("home", "stat -c %u:%g /home/user /srv/shared /var/cache/web /home/user/note");
+            assert_eq!(owners, "1000:1000\n0:50000\n101:101\n1000:1000\n", "{pod} on {node}");
+        } else {
+            assert_eq!(home_id.lines().next(), Some("0"), "{pod} on {node}: one ID, so root of the bubble");
+            assert_eq!(web_id.trim(), "0", "{pod} on {node}");
+            let events = env.kubectl_ok(
+                id,
+                &[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    &format!("involvedObject.name={pod},reason=SecurityContextNotHonoured"),
+                    "-o",
+                    "jsonpath={.items[*].message}",
+                ],
+            );
+            assert!(
+                events.contains("runAsUser 1000") && events.contains("runAsUser 101"),
+                "{pod} on {node}: events {events:?}\n{}",
+                env.diagnose(id)
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn three_nodes_through_kubectl_then_scancel_leaves_nothing() {
+async fn one_mapped_id_three_nodes_from_the_bundle_then_scancel_leaves_nothing() {
+    end_to_end(Ids::One).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn several_ids_three_nodes_from_the_bundle_then_scancel_leaves_nothing() {
+    end_to_end(Ids::Several).await;
+}
+
+/// The suite a user's session is: `sbatch` from the unpacked bundle on nodes without crun,
+/// slirp4netns, nsenter or unshare (nor newuidmap, with one ID), then the cluster through
+/// kubectl only.
+async fn end_to_end(ids: Ids) {
     if !prerequisites() {
         return;
     }
     let _serial = SERIAL.lock().await;
-    let env = SlurmEnv::start(3).await;
+    let env = SlurmEnv::start_site(3, ids).await;
     let t0 = Instant::now();
-    let id = env.submit(&["--nodes=3"]).expect("sbatch");
+    let id = env.submit(&["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"]).expect("sbatch");
     let up = env.wait_up(id, t0);
-    eprintln!("job {id}: cluster up {:.1} s after sbatch", up.as_secs_f64());
+    eprintln!("job {id} ({ids:?}): cluster up {:.1} s after sbatch", up.as_secs_f64());
     let mut nodes = ready_nodes(&env, id);
     nodes.sort();
     assert_eq!(nodes, ["node1", "node2", "node3"], "{}", env.diagnose(id));
+    let mode = if ids == Ids::One { "one mapped ID" } else { "several IDs" };
+    assert!(
+        env.slurm.job_output(id).contains(&format!("hpk: node node2: {mode}")),
+        "the launcher says its mode:\n{}",
+        env.slurm.job_output(id)
+    );
     // ~/.hpk/kubeconfig is the user's: a link to this job's, which is 0600.
     let link = env.home().join(".hpk/kubeconfig");
     assert_eq!(std::fs::read_link(&link).expect("~/.hpk/kubeconfig link"), env.kubeconfig(id));
     let meta = std::fs::metadata(env.kubeconfig(id)).expect("kubeconfig");
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), env.uid());
+    nodes_are_the_allocation(&env, id);
+    images_of_several_owners(&env, id);
 
     // A Deployment of 6 spread over the 3 nodes, behind a ClusterIP Service.
     env.apply(
@@ -635,20 +760,104 @@ spec:
     env.cancel(b, &[]);
     env.wait_clean(b, Duration::from_secs(60));
     assert!(env.leftover_files(a).is_empty());
+}
 
-    // /dev/net/tun not accessible on node3: the job fails in seconds, naming node3 and the fix.
-    env.slurm.deny_tun(2).expect("deny tun on node3");
+/// Submits a 3-node job that node3's preflight must refuse: it fails within seconds, its output
+/// names node3 with `what` and `fix`, the other nodes were ready, and nothing was made.
+fn refused_on_node3(env: &SlurmEnv, what: &str, fix: &str) {
     let t0 = Instant::now();
     let id = env.submit(&["--nodes=3"]).expect("sbatch");
     let info =
         env.slurm.wait_job_state(id, &["FAILED", "COMPLETED"], Duration::from_secs(60)).expect("job ends");
     let output = env.slurm.job_output(id);
     assert_eq!(info.state, "FAILED", "{output}");
-    assert!(t0.elapsed() < Duration::from_secs(20), "failed after {:?}", t0.elapsed());
-    let line = output.lines().find(|l| l.contains("node node3")).unwrap_or_default();
-    assert!(line.contains("/dev/net/tun"), "{output}");
-    assert!(output.contains("fix: ask the administrator for `chmod 0666 /dev/net/tun`"), "{output}");
-    assert!(!output.contains("node node1: cannot"), "{output}");
+    assert_eq!(info.exit_code, "2:0", "{output}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "failed after {:?}: {output}", t0.elapsed());
+    let line = output.lines().find(|l| l.contains("hpk: node node3:")).unwrap_or_default();
+    assert!(line.contains(what), "node3's line names {what:?}: {output}");
+    let fixes = output.split("fix: ").nth(1).unwrap_or_default();
+    assert!(fixes.lines().next().unwrap_or_default().contains(fix), "the fix {fix:?}: {output}");
+    for other in ["node1", "node2"] {
+        assert!(output.contains(&format!("hpk: node {other}: ready to start")), "{other} was fine: {output}");
+    }
     assert!(!env.cluster_dir(id).exists(), "nothing made for a job that cannot start");
     env.wait_clean(id, Duration::from_secs(10));
+}
+
+/// Runs `args` in node3's mount namespace (as root, with the host's tools), for what the next
+/// jobs there see.
+fn on_node3(env: &SlurmEnv, args: &[&str]) {
+    let out = env.slurm.on_node(2, args[0]).args(&args[1..]).output().expect("nsenter");
+    assert!(out.status.success(), "{args:?} on node3: {}", text(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_preflight_refusal_names_the_node_and_the_fix() {
+    if !prerequisites() {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let env = SlurmEnv::start(3).await;
+    let (uid, gid) = (env.uid().to_string(), env.slurm.user().gid.to_string());
+    // node3's state directory: what a condition is mounted on, there only.
+    let state = format!("/tmp/hpk-{uid}");
+    let made_state = !std::path::Path::new(&state).exists();
+    std::fs::create_dir_all(&state).expect("mount point");
+    // The other nodes see it as the user's own, as HPK would have made it.
+    std::os::unix::fs::chown(&state, Some(env.uid()), Some(env.slurm.user().gid)).expect("chown");
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let tmpfs = |options: &str| on_node3(&env, &["mount", "-t", "tmpfs", "-o", options, "tmpfs", &state]);
+    let unmount = || on_node3(&env, &["umount", &state]);
+
+    // Another user made the predictable directory first (review finding C1): refused, not used.
+    tmpfs("mode=0777,uid=61001,gid=61001,size=64m");
+    refused_on_node3(&env, "belongs to UID 61001", "remove it if it is yours");
+    unmount();
+    // A noexec filesystem.
+    tmpfs(&format!("mode=0700,uid={uid},gid={gid},noexec,size=2g"));
+    refused_on_node3(&env, "mounted noexec", "use a filesystem mounted with exec");
+    unmount();
+    // Too little free space.
+    tmpfs(&format!("mode=0700,uid={uid},gid={gid},size=16m"));
+    refused_on_node3(&env, "MiB free", "free some space there");
+    unmount();
+    // A filesystem without user extended attributes (ramfs has none).
+    on_node3(&env, &["mount", "-t", "ramfs", "-o", "mode=0700", "ramfs", &state]);
+    on_node3(&env, &["chown", &format!("{uid}:{gid}"), &state]);
+    refused_on_node3(&env, "user extended attributes", "use ext4, xfs, btrfs or tmpfs");
+    unmount();
+    // A filesystem overlayfs refuses as its upper layer: an overlay itself.
+    let layers = tempfile::tempdir().expect("tempdir");
+    for d in ["lower", "upper", "work"] {
+        std::fs::create_dir(layers.path().join(d)).expect("mkdir");
+    }
+    std::os::unix::fs::chown(layers.path().join("upper"), Some(env.uid()), Some(env.slurm.user().gid))
+        .expect("chown");
+    std::fs::set_permissions(
+        layers.path().join("upper"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .expect("chmod");
+    let l = |d: &str| layers.path().join(d).display().to_string();
+    let options = format!("lowerdir={},upperdir={},workdir={}", l("lower"), l("upper"), l("work"));
+    on_node3(&env, &["mount", "-t", "overlay", "-o", &options, "overlay", &state]);
+    refused_on_node3(&env, "overlayfs with userxattr does not work", "set HPK_STATE_DIR to one");
+    unmount();
+    // User namespaces disabled (node3's view of the sysctl; the kernel's own refusal under a
+    // limit of 0 is the `hpk up` refusal test's).
+    let zero = layers.path().join("zero");
+    std::fs::write(&zero, "0\n").expect("write");
+    on_node3(&env, &["mount", "--bind", &zero.display().to_string(), "/proc/sys/user/max_user_namespaces"]);
+    refused_on_node3(
+        &env,
+        "user namespaces are disabled",
+        "ask the administrator for `sysctl -w user.max_user_namespaces=15000`",
+    );
+    on_node3(&env, &["umount", "/proc/sys/user/max_user_namespaces"]);
+    // /dev/net/tun not accessible.
+    env.slurm.deny_tun(2).expect("deny tun on node3");
+    refused_on_node3(&env, "/dev/net/tun", "ask the administrator for `chmod 0666 /dev/net/tun`");
+    if made_state {
+        let _ = std::fs::remove_dir_all(&state);
+    }
 }

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use hpk_integration::registry::{Registry, TestImages};
-use hpk_integration::slurm::{SlurmCluster, SlurmOptions};
+use hpk_integration::slurm::{ONE_ID_HIDDEN, SITE_HIDDEN, SlurmCluster, SlurmOptions};
 
 use super::text;
 
@@ -17,12 +17,25 @@ use super::text;
 /// on a 2-core machine.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// What the site gives the user, and so how many IDs each bubble maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ids {
+    /// No subordinate IDs and no newuidmap on the nodes: the user alone.
+    One,
+    /// `/etc/subuid` and `/etc/subgid` ranges and the setuid newuidmap pair.
+    Several,
+}
+
 pub struct SlurmEnv {
     pub jobs: std::sync::Mutex<Vec<u32>>,
+    pub ids: Ids,
     pub shell: String,
+    pub owners: String,
     pub coredns: String,
     pub registry: Registry,
     pub image: PathBuf,
+    /// The unpacked release bundle, in the user's home: jobs are submitted from there.
+    pub bundle: PathBuf,
     pub kubectl: PathBuf,
     pub slurm: SlurmCluster,
 }
@@ -33,17 +46,39 @@ pub fn script() -> PathBuf {
 }
 
 impl SlurmEnv {
+    /// A site whose nodes map one ID.
     pub async fn start(nodes: usize) -> Self {
-        let slurm = SlurmCluster::start(SlurmOptions { nodes, ..SlurmOptions::default() }).expect("slurm");
+        Self::start_site(nodes, Ids::One).await
+    }
+
+    /// A Slurm cluster as a site's: the container tools hidden on the compute nodes (and
+    /// newuidmap too with [`Ids::One`]), memory and GPUs as consumables, cgroup process
+    /// tracking; the release bundle unpacked in the user's home.
+    pub async fn start_site(nodes: usize, ids: Ids) -> Self {
+        let mut hidden: Vec<String> = SITE_HIDDEN.iter().map(|t| (*t).to_owned()).collect();
+        if ids == Ids::One {
+            hidden.extend(ONE_ID_HIDDEN.iter().map(|t| (*t).to_owned()));
+        }
+        let options = SlurmOptions {
+            nodes,
+            hidden_tools: hidden,
+            subordinate_ids: ids == Ids::Several,
+            ..SlurmOptions::default()
+        };
+        let slurm = SlurmCluster::start(options).expect("slurm");
         let registry = Registry::start(IpAddr::V4(slurm.login_address()), None).await.expect("registry");
         let images = TestImages::push(&registry, true).await.expect("test images");
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
+        let bundle = unpack_bundle(&slurm, &hpk_integration::release_bundle().expect("bundle"));
         Self {
             jobs: std::sync::Mutex::new(Vec::new()),
+            ids,
             shell: images.shell,
+            owners: images.owners,
             coredns: images.coredns.expect("coredns"),
             registry,
             image: super::image().expect("image"),
+            bundle,
             kubectl,
             slurm,
         }
@@ -57,8 +92,9 @@ impl SlurmEnv {
         self.slurm.user().uid
     }
 
-    /// `sbatch SBATCH_ARGS slurm/hpk.slurm` with the test's registry, CoreDNS image and
-    /// programs, as the user. Err: sbatch's refusal.
+    /// `sbatch SBATCH_ARGS slurm/hpk.slurm` from the unpacked release bundle, as a user does
+    /// (no HPK_BIN, HPK_IMAGE or HPK_DEV), with the test's registry and CoreDNS image, as the
+    /// user. Err: sbatch's refusal.
     pub fn submit(&self, sbatch_args: &[&str]) -> Result<u32, String> {
         self.submit_with(sbatch_args, &[])
     }
@@ -66,14 +102,33 @@ impl SlurmEnv {
     /// [`Self::submit`] with more flags for `hpk slurm job`.
     pub fn submit_with(&self, sbatch_args: &[&str], hpk_args: &[&str]) -> Result<u32, String> {
         let mut cmd = self.slurm.command_as_user("sbatch");
+        // The job's output where the other jobs' goes (sbatch writes it to the submit
+        // directory, the bundle, by default).
+        let output = format!("--output={}/slurm-%j.out", self.home().display());
+        cmd.current_dir(&self.bundle).arg("--parsable").arg(output).args(sbatch_args).arg("slurm/hpk.slurm");
+        self.job_flags(&mut cmd, hpk_args);
+        self.sbatch(cmd)
+    }
+
+    /// The development path, as `make develop` users and the tests before the bundle ran it:
+    /// the repository's script with `HPK_BIN` (the glibc debug build) and `HPK_IMAGE`.
+    pub fn submit_dev(&self, sbatch_args: &[&str]) -> Result<u32, String> {
+        let mut cmd = self.slurm.command_as_user("sbatch");
         cmd.arg("--parsable").args(sbatch_args).arg(script());
+        self.job_flags(&mut cmd, &[]);
+        cmd.env("HPK_BIN", env!("CARGO_BIN_EXE_hpk")).env("HPK_IMAGE", &self.image);
+        self.sbatch(cmd)
+    }
+
+    fn job_flags(&self, cmd: &mut Command, hpk_args: &[&str]) {
         cmd.arg(format!("--insecure-registry={}", self.registry.host_port()))
             .arg(format!("--coredns-image={}", self.coredns))
             .arg("--kubelet-arg=--disk-pressure-percent=1")
             .args(hpk_args)
-            .env("HPK_BIN", env!("CARGO_BIN_EXE_hpk"))
-            .env("HPK_IMAGE", &self.image)
             .env("RUST_LOG", "info");
+    }
+
+    fn sbatch(&self, mut cmd: Command) -> Result<u32, String> {
         let out = cmd.output().map_err(|e| format!("sbatch: {e}"))?;
         if !out.status.success() {
             return Err(text(&out));
@@ -196,9 +251,10 @@ impl SlurmEnv {
         )
     }
 
-    /// The user's live processes: (pid, command line).
+    /// The user's live processes, those running as its subordinate IDs included: (pid,
+    /// command line).
     pub fn processes(&self) -> Vec<(u32, String)> {
-        let uid = self.uid().to_string();
+        let user = self.slurm.user();
         std::fs::read_dir("/proc")
             .expect("/proc")
             .flatten()
@@ -208,7 +264,10 @@ impl SlurmEnv {
                 let real =
                     status.lines().find(|l| l.starts_with("Uid:"))?.split_whitespace().nth(1)?.to_owned();
                 let state = status.lines().find(|l| l.starts_with("State:"))?.to_owned();
-                if real != uid || state.contains("zombie") || state.contains("dead") {
+                if !real.parse().is_ok_and(|r| user.owns(r))
+                    || state.contains("zombie")
+                    || state.contains("dead")
+                {
                     return None;
                 }
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -230,9 +289,8 @@ impl SlurmEnv {
                 .output()
                 .expect("ss");
             for line in String::from_utf8_lossy(&ss.stdout).lines() {
-                if line.contains(&format!("uid:{} ", self.uid()))
-                    || line.ends_with(&format!("uid:{}", self.uid()))
-                {
+                let uid = line.split("uid:").nth(1).and_then(|r| r.split_whitespace().next());
+                if uid.and_then(|u| u.parse().ok()).is_some_and(|u| self.slurm.user().owns(u)) {
                     left.push(format!("socket on {}: {line}", node.name));
                 }
             }
@@ -278,6 +336,22 @@ impl SlurmEnv {
     pub fn cancel(&self, id: u32, extra: &[&str]) {
         self.slurm.scancel(id, extra).expect("scancel");
     }
+}
+
+/// The bundle unpacked into the user's home, by the user (as a user unpacks a release);
+/// returns its directory (`hpk-<version>`).
+fn unpack_bundle(slurm: &SlurmCluster, tarball: &Path) -> PathBuf {
+    let home = slurm.user().home.clone();
+    let out =
+        slurm.command_as_user("tar").arg("-xzf").arg(tarball).arg("-C").arg(&home).output().expect("tar");
+    assert!(out.status.success(), "unpacking {}: {}", tarball.display(), text(&out));
+    let dir = home.join(format!("hpk-{}", env!("CARGO_PKG_VERSION")));
+    assert!(
+        dir.join("bin/hpk").is_file() && dir.join("slurm/hpk.slurm").is_file(),
+        "{} lacks bin/hpk or slurm/",
+        dir.display()
+    );
+    dir
 }
 
 impl Drop for SlurmEnv {
