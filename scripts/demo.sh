@@ -4,8 +4,10 @@
 #   - a real Slurm cluster in network namespaces (slurmctld on this machine as the login node,
 #     three slurmd "compute nodes", munge) with an unprivileged user `hpke2e…`, and a local
 #     registry holding busybox test images and CoreDNS (no registry on the internet is needed);
-#   - the build copied into that user's ~/hpk-dev, as `make develop` does for the Vagrant lab;
-#   - as that user: HPK_DEV=1 sbatch --nodes=3 slurm/hpk.slurm — one rootless bubble per node;
+#   - the release bundle of this build (`make dist PROFILE=debug`: a static bin/hpk, the bubble
+#     image, slurm/hpk.slurm) unpacked in that user's home, as a user unpacks a release;
+#   - as that user, from the bundle: sbatch --nodes=3 slurm/hpk.slurm — one rootless bubble per
+#     node, started with the image's own crun and slirp4netns;
 #   - a Deployment of 4 httpd replicas behind a Service, fetched by DNS name from a pod.
 # Leaves the cluster running and prints how to use and stop it. Needs root (network namespaces).
 #   scripts/demo.sh            # then: scripts/demo.sh down
@@ -53,10 +55,12 @@ case "$MODE" in slurm | local) ;; *) echo "usage: scripts/demo.sh [slurm|local|d
 source "$HPK_ROOT/scripts/setup.sh"
 stage "apt packages" setup_packages
 stage "/dev/net/tun" setup_dev_net_tun
+stage "rust targets" setup_rust_targets
 stage "go tools" setup_tools
 stage "control plane" setup_controlplane
 stage "binaries" cargo build --workspace --bins --locked
 stage "bubble image" make images
+stage "release bundle" make dist PROFILE=debug
 
 # hpk-testcluster slurm|registry runs in the background until signalled; it writes shell
 # variables to $STATE/env once everything is ready.
@@ -86,17 +90,17 @@ if [ "$MODE" = slurm ]; then
     runuser -u "$HPK_DEMO_USER" -- env HOME="$HPK_DEMO_HOME" SLURM_CONF="$HPK_DEMO_SLURM_CONF" \
       PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin "$@"
   }
-  develop() {
-    local dev="$HPK_DEMO_HOME/hpk-dev"
-    install -d -o "$HPK_DEMO_USER" "$dev" "$dev/bin" "$dev/images" "$dev/slurm"
-    install -o "$HPK_DEMO_USER" -m 0755 target/debug/hpk "$dev/bin/hpk"
-    install -o "$HPK_DEMO_USER" -m 0644 target/images/hpk-bubble.oci.tar "$dev/images/"
-    install -o "$HPK_DEMO_USER" -m 0755 slurm/hpk.slurm "$dev/slurm/"
+  version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+  BUNDLE="$HPK_DEMO_HOME/hpk-$version"
+  unpack() {
+    # Readable by the user wherever the checkout is: a copy in its home first.
+    install -o "$HPK_DEMO_USER" -m 0644 "target/dist/hpk-$version.tar.gz" "$HPK_DEMO_HOME/"
+    as_user tar -xzf "$HPK_DEMO_HOME/hpk-$version.tar.gz" -C "$HPK_DEMO_HOME"
   }
-  stage "the build copied to ~$HPK_DEMO_USER/hpk-dev" develop
+  stage "the bundle unpacked in ~$HPK_DEMO_USER" unpack
   submit() {
-    as_user env HPK_DEV=1 sbatch --parsable --chdir="$HPK_DEMO_HOME" --nodes=3 "$HPK_DEMO_HOME/hpk-dev/slurm/hpk.slurm" \
-      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" "$DISK" >"$STATE/job"
+    (cd "$BUNDLE" && as_user sbatch --parsable --output="$HPK_DEMO_HOME/slurm-%j.out" --nodes=3 slurm/hpk.slurm \
+      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" "$DISK") >"$STATE/job"
     local job out
     job=$(cut -d';' -f1 "$STATE/job")
     echo "$job" >"$STATE/job"
@@ -111,7 +115,7 @@ if [ "$MODE" = slurm ]; then
     echo "the cluster was not up within 300 s" >&2
     return 1
   }
-  stage "HPK_DEV=1 sbatch --nodes=3 slurm/hpk.slurm" submit
+  stage "cd hpk-$version && sbatch --nodes=3 slurm/hpk.slurm" submit
   KUBECONFIG_PATH="$HPK_DEMO_HOME/.hpk/kubeconfig"
 else
   stage "local registry" start_helper registry
