@@ -40,6 +40,8 @@ setup_packages() {
   apt_install uidmap
   # The release bundle's static hpk (x86_64-unknown-linux-musl): musl-gcc for ring's C parts.
   apt_install musl-tools
+  # A network filesystem for the preflight's refusal test: sshfs over a pipe to sftp-server.
+  apt_install sshfs openssh-sftp-server
   # The package enables a system-wide registry on :5000 (all interfaces); the tests run their
   # own instances, so keep that one off.
   # The same for iperf3, should it have been enabled before, and for Slurm and munge: the

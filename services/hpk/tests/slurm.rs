@@ -13,7 +13,8 @@
 //! - the job's time limit: a graceful end with preStop hooks run;
 //! - bad input: more nodes than the partition, two clusters on the same hosts, and each
 //!   preflight refusal on one node (another user's state directory, noexec, no space, no
-//!   user xattrs, no overlayfs there, user namespaces disabled, no /dev/net/tun).
+//!   user xattrs, no overlayfs there, a network filesystem, user namespaces disabled, no
+//!   /dev/net/tun).
 
 mod support;
 
@@ -26,7 +27,15 @@ use support::{eventually_or, text};
 
 fn prerequisites() -> bool {
     support::prerequisites().is_some()
-        && hpk_integration::tools_present(&["slurmctld", "slurmd", "munged", "sbatch", "srun", "script"])
+        && hpk_integration::tools_present(&[
+            "slurmctld",
+            "slurmd",
+            "munged",
+            "sbatch",
+            "srun",
+            "script",
+            "sshfs",
+        ])
 }
 
 fn ready_nodes(env: &SlurmEnv, id: u32) -> Vec<String> {
@@ -784,6 +793,9 @@ fn refused_on_node3(env: &SlurmEnv, what: &str, fix: &str) {
     env.wait_clean(id, Duration::from_secs(10));
 }
 
+/// OpenSSH's SFTP server (Debian's `openssh-sftp-server`), the far side of the sshfs mount.
+const SFTP_SERVER: &str = "/usr/lib/openssh/sftp-server";
+
 /// Runs `args` in node3's mount namespace (as root, with the host's tools), for what the next
 /// jobs there see.
 fn on_node3(env: &SlurmEnv, args: &[&str]) {
@@ -842,6 +854,19 @@ async fn each_preflight_refusal_names_the_node_and_the_fix() {
     let options = format!("lowerdir={},upperdir={},workdir={}", l("lower"), l("upper"), l("work"));
     on_node3(&env, &["mount", "-t", "overlay", "-o", &options, "overlay", &state]);
     refused_on_node3(&env, "overlayfs with userxattr does not work", "set HPK_STATE_DIR to one");
+    unmount();
+    // A network filesystem: sshfs (a FUSE client of SFTP, carried here over a pipe to a local
+    // sftp-server, so no network is needed), as state on a shared filesystem would be.
+    let remote = layers.path().join("remote");
+    std::fs::create_dir(&remote).expect("mkdir");
+    std::os::unix::fs::chown(&remote, Some(env.uid()), Some(env.slurm.user().gid)).expect("chown");
+    std::fs::set_permissions(&remote, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let sftp = layers.path().join("sftp");
+    std::fs::write(&sftp, format!("#!/bin/sh\nexec {SFTP_SERVER}\n")).expect("write");
+    std::fs::set_permissions(&sftp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let options = format!("ssh_command={},allow_other", sftp.display());
+    on_node3(&env, &["sshfs", "-o", &options, &format!("localhost:{}", remote.display()), &state]);
+    refused_on_node3(&env, "is on fuse.sshfs, a network filesystem", "keep state on the node itself");
     unmount();
     // User namespaces disabled (node3's view of the sysctl; the kernel's own refusal under a
     // limit of 0 is the `hpk up` refusal test's).

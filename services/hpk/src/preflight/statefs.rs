@@ -61,6 +61,7 @@ fn refuse(state: &Path, what: String, fix: &str) -> Error {
 pub fn ensure_private(dir: &Path) -> Result<()> {
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent.display(), e))?;
+        check_ancestors(dir, parent)?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => return Ok(()),
@@ -94,6 +95,31 @@ pub fn ensure_private(dir: &Path) -> Result<()> {
             "remove it if it is yours (`chmod 0700` it if it is and you trust its content)",
         )),
     }
+}
+
+/// No directory above `dir` lets another user rename what is in it: each is root's or ours,
+/// or, if others may write it, root's with the sticky bit (as /tmp is).
+fn check_ancestors(dir: &Path, parent: &Path) -> Result<()> {
+    let uid = nix::unistd::getuid().as_raw();
+    let parent = parent.canonicalize().map_err(|e| Error::io("resolve", parent.display(), e))?;
+    for ancestor in parent.ancestors() {
+        let meta = std::fs::metadata(ancestor).map_err(|e| Error::io("inspect", ancestor.display(), e))?;
+        let others_write = meta.mode() & 0o022 != 0;
+        let sticky_root = meta.mode() & 0o1000 != 0 && meta.uid() == 0;
+        if (meta.uid() != 0 && meta.uid() != uid) || (others_write && !sticky_root) {
+            return Err(refuse(
+                dir,
+                format!(
+                    "{} above it (UID {}, mode {:04o}) lets other users rename what it holds",
+                    ancestor.display(),
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+                "choose a directory whose parents only you and root may change",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The filesystem's name if it is shared between machines.
@@ -284,6 +310,13 @@ mod tests {
         std::os::unix::fs::symlink(&fresh, &link).expect("symlink");
         assert!(ensure_private(&link).expect_err("a link").to_string().contains("symbolic link"));
         if nix::unistd::getuid().is_root() {
+            let open = base.path().join("open");
+            std::fs::create_dir(&open).expect("mkdir");
+            std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+            let err = ensure_private(&open.join("state")).expect_err("a parent others may write").to_string();
+            assert!(err.contains("lets other users rename"), "{err}");
+            std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+            ensure_private(&open.join("state")).expect("a sticky parent of root's, as /tmp");
             let theirs = base.path().join("theirs");
             std::fs::create_dir(&theirs).expect("mkdir");
             std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).expect("chmod");
