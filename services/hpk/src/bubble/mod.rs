@@ -16,6 +16,9 @@
 //! `nodes/<node>.json`, so clusters share a host. The sockets are created here, in the host's
 //! network namespace, and inherited by the bubble: nothing relays between namespaces but the
 //! bubble's own copy loops, and slirp4netns carries only the bubble's outbound connections.
+//!
+//! crun and slirp4netns are the image's own ([`crate::hosttools`]); before them, the launcher
+//! enters its own user namespace ([`ids`]: one ID or several) and a private mount namespace.
 
 pub mod ids;
 pub mod spec;
