@@ -3,9 +3,9 @@
 //! ```text
 //!  batch step (first node)                 job step "bubbles": one task per node (srun)
 //!  hpk slurm job                           hpk slurm node   (node 0: controller, others: workers)
-//!   1. srun … hpk slurm preflight  ──────►  each node checks tun, user namespaces, crun,
-//!      (fails the job in seconds,           slirp4netns, the image, its address and free ports
-//!       naming the node and the fix)
+//!   1. srun … hpk slurm preflight  ──────►  each node checks tun, user namespaces, its state
+//!      (fails the job in seconds,           filesystem, overlayfs, the image, its address and
+//!       naming the node and the fix)        free ports
 //!   2. srun … hpk slurm node  ───────────►  `hpk bubble` in the task: runs until signalled
 //!   3. waits for the kubeconfig, N nodes
 //!      Ready and CoreDNS; links
