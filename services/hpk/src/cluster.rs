@@ -9,7 +9,8 @@
 //!   node-local, 0700): the bubble's bundle and crun state, the controller's CA keys and etcd
 //!   data, the runtime's and kubelet's state, the logs. Removed when the bubble stops.
 //! - The **image cache** `$HPK_STATE_DIR/images/`: unpacked root filesystems, shared by the
-//!   bubbles of this machine, one per image manifest.
+//!   bubbles of this machine, one per image manifest, each trusted only with this user's stamp
+//!   and collected once no bubble holds it (`image::cache`).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -182,10 +183,12 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // A new file has the mode asked (less the umask) from its first moment; one left by a
+    // killed run of this PID could have another, so it goes first.
+    let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&tmp)
         .map_err(|e| Error::io("create", tmp.display(), e))?;

@@ -15,6 +15,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
+pub mod cache;
+
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 /// Directories every bubble mounts something on; created in the root filesystem because the
@@ -51,13 +53,15 @@ struct RootFs {
     diff_ids: Vec<String>,
 }
 
-/// An unpacked image.
+/// An unpacked image, held in the cache (not collected) while this value lives.
 #[derive(Debug, Clone)]
 pub struct Unpacked {
     /// The manifest's digest (`sha256:…`).
     pub digest: String,
     /// The root filesystem.
     pub rootfs: PathBuf,
+    /// The entry's shared lock.
+    pub hold: cache::Hold,
 }
 
 /// Unpacks the image at `image` (layout directory or oci-archive tar) under `cache`, unless
@@ -67,6 +71,7 @@ pub fn unpack(image: &Path, cache: &Path) -> Result<Unpacked> {
     let meta = std::fs::metadata(image)
         .map_err(|e| bad(format!("{e} (build it with `make images`, or pass --image)")))?;
     create_private_dir(cache)?;
+    cache::sweep(cache);
     if meta.is_dir() {
         return unpack_layout(image, image, cache);
     }
@@ -115,8 +120,21 @@ fn unpack_layout(image: &Path, layout: &Path, cache: &Path) -> Result<Unpacked> 
     }
     let hex = hex_of(&descriptor.digest).map_err(bad)?;
     let done = cache.join(hex);
-    if done.join("rootfs").is_dir() {
-        return Ok(Unpacked { digest: descriptor.digest.clone(), rootfs: done.join("rootfs") });
+    let digest = descriptor.digest.clone();
+    let ready = |hold| Unpacked { digest: digest.clone(), rootfs: done.join("rootfs"), hold };
+    {
+        let _cache = cache::lock_cache(cache)?;
+        if cache::trusted(&done, &digest) {
+            return Ok(ready(cache::hold(&done)?));
+        }
+        if std::fs::symlink_metadata(&done).is_ok() {
+            // Not ours, or never finished: not trusted, and not in the way.
+            tracing::warn!(entry = %done.display(), "an image cache entry without this user's stamp: replacing it");
+            cache::remove_tree(&done);
+            if std::fs::symlink_metadata(&done).is_ok() {
+                return Err(bad(format!("cannot remove the untrusted cache entry {}", done.display())));
+            }
+        }
     }
     let staging = tempdir_in(cache, ".unpack-")?;
     let rootfs = staging.path().join("rootfs");
@@ -136,19 +154,23 @@ fn unpack_layout(image: &Path, layout: &Path, cache: &Path) -> Result<Unpacked> 
             std::fs::write(&f, "").map_err(|e| Error::io("create", f.display(), e))?;
         }
     }
+    cache::stamp(staging.path(), &digest)?;
+    let _cache = cache::lock_cache(cache)?;
     let staged = staging.keep();
     match std::fs::rename(&staged, &done) {
         Ok(()) => {}
         // Another launcher unpacked the same image meanwhile: use its copy.
-        Err(_) if done.join("rootfs").is_dir() => {
-            let _ = std::fs::remove_dir_all(&staged);
-        }
+        Err(_) if cache::trusted(&done, &digest) => cache::remove_tree(&staged),
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&staged);
+            cache::remove_tree(&staged);
             return Err(Error::io("rename", done.display(), e));
         }
     }
-    Ok(Unpacked { digest: descriptor.digest.clone(), rootfs: done.join("rootfs") })
+    let unpacked = ready(cache::hold(&done)?);
+    for old in cache::collect(cache, hex) {
+        tracing::info!(entry = %old.display(), "removed an image no bubble uses");
+    }
+    Ok(unpacked)
 }
 
 /// Applies one layer (gzip'd or plain tar) to `root`, with OCI whiteouts, checking that its
@@ -176,9 +198,13 @@ fn apply_layer(path: &Path, root: &Path, diff_id: &str) -> std::result::Result<(
         let Some(base) = relative.file_name().and_then(|b| b.to_str()).map(str::to_owned) else {
             continue; // the layer's root directory itself
         };
-        let parent = root.join(relative.parent().unwrap_or(Path::new("")));
+        // Links an earlier layer made are followed inside the root only, never to the host: a
+        // whiteout or a replacement under `a/` where `a -> /home/user` acts on the root's
+        // `/home/user`, if there is one (review finding L6).
+        let parent = crate::hosttools::resolve_in_root(root, relative.parent().unwrap_or(Path::new("")))
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
         if base == ".wh..wh..opq" {
-            if let Ok(children) = std::fs::read_dir(&parent) {
+            if let Some(children) = parent.as_ref().and_then(|p| std::fs::read_dir(p).ok()) {
                 for child in children.flatten() {
                     remove_any(&child.path())?;
                 }
@@ -186,7 +212,9 @@ fn apply_layer(path: &Path, root: &Path, diff_id: &str) -> std::result::Result<(
             continue;
         }
         if let Some(hidden) = base.strip_prefix(".wh.") {
-            remove_any(&parent.join(hidden))?;
+            if let Some(parent) = &parent {
+                remove_any(&parent.join(hidden))?;
+            }
             continue;
         }
         let kind = entry.header().entry_type();
@@ -194,8 +222,8 @@ fn apply_layer(path: &Path, root: &Path, diff_id: &str) -> std::result::Result<(
             continue; // device nodes come from the bubble's /dev, never from a layer
         }
         // An entry replaces whatever a lower layer had there, unless both are directories.
-        let target = root.join(&relative);
-        if let Ok(existing) = std::fs::symlink_metadata(&target)
+        if let Some(target) = parent.map(|p| p.join(&base))
+            && let Ok(existing) = std::fs::symlink_metadata(&target)
             && !(existing.is_dir() && kind.is_dir())
         {
             remove_any(&target)?;
@@ -332,16 +360,13 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_dir_all(p);
+            cache::remove_tree(&p);
         }
     }
 }
 
 fn tempdir_in(parent: &Path, prefix: &str) -> Result<TempDir> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Error::io("generate", "a name", std::io::Error::other(e.to_string())))?;
-    let dir = parent.join(format!("{prefix}{}", hex::encode(bytes)));
+    let dir = cache::staging_name(parent, prefix)?;
     std::fs::create_dir(&dir).map_err(|e| Error::io("create", dir.display(), e))?;
     Ok(TempDir(Some(dir)))
 }

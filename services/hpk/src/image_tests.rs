@@ -108,7 +108,8 @@ fn a_corrupt_blob_is_refused_and_leaves_nothing() {
     let cache = dir.path().join("cache");
     let err = unpack(&image, &cache).expect_err("a corrupt layer must be refused").to_string();
     assert!(err.contains("corrupt"), "{err}");
-    let left: Vec<_> = std::fs::read_dir(&cache).expect("cache").flatten().collect();
+    let left: Vec<_> =
+        std::fs::read_dir(&cache).expect("cache").flatten().filter(|e| e.file_name() != ".lock").collect();
     assert!(left.is_empty(), "nothing half-unpacked stays in the cache: {left:?}");
 }
 
@@ -161,4 +162,112 @@ fn entries_leaving_the_root_are_refused() {
     let err = unpack(&image, &dir.path().join("cache")).expect_err("refused").to_string();
     assert!(err.contains("leaves the root"), "{err}");
     assert!(!dir.path().join("escape").exists());
+}
+
+/// A layer of symlinks (path, target) and whiteouts (`.wh.` names, empty files), gzip'd.
+fn link_layer(links: &[(&str, &str)], files: &[&str]) -> (Vec<u8>, String) {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, target) in links {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        header.set_mode(0o777);
+        builder.append_link(&mut header, path, target).expect("append link");
+    }
+    for path in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_size(0);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, path, std::io::empty()).expect("append");
+    }
+    let raw = builder.into_inner().expect("tar");
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&raw)));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).expect("gzip");
+    (gz.finish().expect("gzip"), diff_id)
+}
+
+#[test]
+fn whiteouts_never_reach_through_a_link_out_of_the_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // What a tampered image would delete: the user's files outside the cache.
+    let outside = dir.path().join("home");
+    std::fs::create_dir_all(outside.join("docs")).expect("mkdir");
+    std::fs::write(outside.join("victim"), "mine").expect("write");
+    std::fs::write(outside.join("docs/thesis"), "mine").expect("write");
+    let absolute = outside.display().to_string();
+    let relative = format!("../../../../../../../..{absolute}");
+    let links = link_layer(&[("abs", absolute.as_str()), ("rel", relative.as_str())], &[]);
+    let whiteouts = link_layer(&[], &["abs/.wh.victim", "rel/.wh.victim", "abs/docs/.wh..wh..opq"]);
+    let image = dir.path().join("image");
+    layout(&image, &[links, whiteouts]);
+    unpack(&image, &dir.path().join("cache")).expect("the links stay inside the root: nothing to remove");
+    assert_eq!(std::fs::read_to_string(outside.join("victim")).expect("victim"), "mine");
+    assert_eq!(std::fs::read_to_string(outside.join("docs/thesis")).expect("thesis"), "mine");
+}
+
+fn image_of(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let image = dir.join(name);
+    layout(&image, &[layer(&[("file", Some(text))])]);
+    image
+}
+
+#[test]
+fn a_cache_entry_without_this_users_stamp_is_not_trusted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (image, cache) = (image_of(dir.path(), "image", "real"), dir.path().join("cache"));
+    let first = unpack(&image, &cache).expect("unpack");
+    let entry = first.rootfs.parent().expect("entry").to_owned();
+    drop(first);
+    // Someone's planted root filesystem, without a stamp, under the entry's name.
+    std::fs::remove_file(entry.join("stamp")).expect("remove the stamp");
+    std::fs::write(entry.join("rootfs/file"), "planted").expect("plant");
+    let again = unpack(&image, &cache).expect("unpack again");
+    assert_eq!(std::fs::read_to_string(again.rootfs.join("file")).expect("file"), "real");
+    // A stamp naming another image is no stamp either.
+    drop(again);
+    std::fs::write(entry.join("stamp"), "sha256:0000\n").expect("write");
+    std::fs::write(entry.join("rootfs/file"), "planted").expect("plant");
+    let third = unpack(&image, &cache).expect("unpack a third time");
+    assert_eq!(std::fs::read_to_string(third.rootfs.join("file")).expect("file"), "real");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(entry.join("stamp")).expect("stamp").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn images_no_bubble_holds_are_collected_when_another_is_unpacked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let a = unpack(&image_of(dir.path(), "a", "a"), &cache).expect("a");
+    let b = unpack(&image_of(dir.path(), "b", "b"), &cache).expect("b");
+    assert!(a.rootfs.is_dir(), "a is held: kept when b was unpacked");
+    let a_root = a.rootfs.clone();
+    drop(a);
+    let c = unpack(&image_of(dir.path(), "c", "c"), &cache).expect("c");
+    assert!(!a_root.exists(), "a, held by no one, was collected");
+    assert!(b.rootfs.is_dir() && c.rootfs.is_dir(), "b is still held, c is new");
+    // Reusing an entry collects nothing: the bubble that reuses it keeps its neighbours.
+    let b_again = unpack(&image_of(dir.path(), "b", "b"), &cache).expect("b again");
+    assert!(c.rootfs.is_dir() && b_again.rootfs == b.rootfs);
+}
+
+#[test]
+fn a_gone_launchers_staging_is_swept_a_live_ones_is_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(cache.join(".unpack-4000000-dead/rootfs/usr")).expect("mkdir");
+    // Read-only directories, as an image has: the sweep opens them up to remove them.
+    std::fs::set_permissions(
+        cache.join(".unpack-4000000-dead/rootfs"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o555),
+    )
+    .expect("chmod");
+    let ours = cache.join(format!(".archive-{}-live", std::process::id()));
+    std::fs::create_dir_all(&ours).expect("mkdir");
+    unpack(&image_of(dir.path(), "image", "x"), &cache).expect("unpack");
+    assert!(!cache.join(".unpack-4000000-dead").exists(), "PID 4000000 is gone: swept");
+    assert!(ours.exists(), "this process is alive: its staging stays");
 }

@@ -191,10 +191,10 @@ pub fn write_secret(path: &Path, contents: &str) -> Result<()> {
     write(path, contents, 0o600)
 }
 
+/// Created with its final mode (never readable by others for a moment, whatever the umask
+/// and the directory: review L17) and renamed into place.
 fn write(path: &Path, contents: &str, mode: u32) -> Result<()> {
-    std::fs::write(path, contents).map_err(|e| Error::io("write", path.display(), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| Error::io("chmod", path.display(), e))
+    crate::cluster::write_file(path, contents.as_bytes(), mode)
 }
 
 /// Writes a kubeconfig for `server` trusting `ca`, authenticating with `client` (0600).

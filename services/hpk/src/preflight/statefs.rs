@@ -231,8 +231,7 @@ fn check_free(state: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A fresh directory for a check under `state`, removed with everything in it when dropped
-/// (directories an overlay made unreadable, its `work/work`, are opened up first).
+/// A fresh directory for a check under `state`, removed with everything in it when dropped.
 pub fn scratch_dir(state: &Path) -> Result<Scratch> {
     let mut bytes = [0u8; 6];
     getrandom::fill(&mut bytes)
@@ -254,19 +253,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        open_up(&self.0);
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn open_up(dir: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            open_up(&entry.path());
-        }
+        // An overlay's `work/work` is left mode 0: opened up first.
+        crate::image::cache::remove_tree(&self.0);
     }
 }
 

@@ -1,5 +1,5 @@
 //! A layer of files owned by other users, unpacked in a bubble that maps one ID: the test
-//! binary runs itself again (only [`child_unpacks`]) inside `unshare --user --map-root-user`,
+//! binary runs the test again (as [`child_unpacks`]) inside `unshare --user --map-root-user`,
 //! as `nobody` when the test runs as root, so the child is root of a user namespace whose
 //! only ID is a plain host user, as in a one-ID bubble. Its store lies on the root disk
 //! (`/var/tmp`), which takes user xattrs; tmpfs may not.
@@ -65,19 +65,15 @@ fn layer_tar() -> Vec<u8> {
     b.into_inner().expect("finish")
 }
 
-/// Runs in the child only: unpacks the blob into the store the parent named.
-#[test]
-#[ignore = "the child of unpacks_in_a_one_id_bubble, run by it inside a user namespace"]
-fn child_unpacks() {
-    let (Some(blob), Some(store)) = (std::env::var_os(BLOB), std::env::var_os(STORE)) else {
-        panic!("run by unpacks_in_a_one_id_bubble, which sets {BLOB} and {STORE}");
-    };
+/// The child's part (the test itself, run again inside the namespace with [`BLOB`] and
+/// [`STORE`] set): unpacks the blob into the store the parent named.
+fn child_unpacks(blob: &std::ffi::OsStr, store: &std::ffi::OsStr) {
     let uid_map = fs::read_to_string("/proc/self/uid_map").expect("uid_map");
     let ids = crate::idmap::IdMap::parse(&uid_map).expect("parses");
     assert_eq!(ids.len(), 1, "the child maps one ID: {uid_map}");
-    let layout = Layout::create(Path::new(&store)).expect("layout");
-    let tar = fs::read(&blob).expect("blob");
-    unpack(&layout, Path::new(&blob), &sha256_digest(&tar)).expect("a layer of other users' files unpacks");
+    let layout = Layout::create(Path::new(store)).expect("layout");
+    let tar = fs::read(blob).expect("blob");
+    unpack(&layout, Path::new(blob), &sha256_digest(&tar)).expect("a layer of other users' files unpacks");
 }
 
 /// The command that makes the one-ID namespace: `unshare --user --map-root-user`, as nobody
@@ -107,7 +103,7 @@ fn run_child(blob: &Path, store: &Path) -> Option<(std::process::Output, u32)> {
     let output = Command::new(&prefix[0])
         .args(&prefix[1..])
         .arg(exe)
-        .args(["--exact", &format!("{name}::child_unpacks"), "--ignored", "--nocapture"])
+        .args(["--exact", &format!("{name}::unpacks_in_a_one_id_bubble"), "--nocapture"])
         .env(BLOB, blob)
         .env(STORE, store)
         .output()
@@ -117,6 +113,9 @@ fn run_child(blob: &Path, store: &Path) -> Option<(std::process::Output, u32)> {
 
 #[test]
 fn unpacks_in_a_one_id_bubble() {
+    if let (Some(blob), Some(store)) = (std::env::var_os(BLOB), std::env::var_os(STORE)) {
+        return child_unpacks(&blob, &store);
+    }
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir on the root disk");
     let tar = layer_tar();
     let blob = dir.path().join("blob");
