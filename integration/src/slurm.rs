@@ -146,8 +146,8 @@ const DIR_PREFIX: &str = "hpk-slurm-";
 
 /// Removes what killed runs left (used by `hpk-testcluster sweep`, after the test namespaces
 /// went): processes naming a harness directory (slurmctld, munged), the `hpke2e…` users with
-/// their processes, homes and HPK state (`/tmp/hpk-<uid>`), and the directories. Only while no
-/// test or demo runs.
+/// their processes, homes and HPK state (`/tmp/hpk-<uid>`), the nodes' cgroups, and the
+/// directories. Only while no test or demo runs.
 pub fn sweep() -> Result<Vec<String>> {
     let mut removed = Vec::new();
     let tmp = std::env::temp_dir();
@@ -168,6 +168,16 @@ pub fn sweep() -> Result<Vec<String>> {
         if state.exists() {
             std::fs::remove_dir_all(&state).map_err(|e| Error::io("remove", state.display(), e))?;
             removed.push(state.display().to_string());
+        }
+    }
+    // The nodes' cgroups (`hpkt-<id>-<node>` in each controller Slurm used), emptied by now.
+    for controller in SLURM_CONTROLLERS {
+        let root = Path::new("/sys/fs/cgroup").join(controller);
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("hpkt-") {
+                remove_cgroup(&entry.path());
+                removed.push(entry.path().display().to_string());
+            }
         }
     }
     for entry in std::fs::read_dir(&tmp).map_err(|e| Error::io("list", tmp.display(), e))?.flatten() {

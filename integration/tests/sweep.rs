@@ -118,6 +118,12 @@ fn sweep_removes_a_killed_slurm() {
         !daemons().is_empty() && known(&user) && dir.exists(),
         "SIGKILL leaves Slurm, its user and files"
     );
+    let id = user.strip_prefix("hpke2e").expect("a harness user");
+    let cgroups: Vec<std::path::PathBuf> = ["freezer", "memory", "devices"]
+        .iter()
+        .map(|c| std::path::Path::new("/sys/fs/cgroup").join(c).join(format!("hpkt-{id}-node1")))
+        .collect();
+    assert!(cgroups.iter().all(|c| c.is_dir()), "SIGKILL leaves the nodes' cgroups");
 
     let out = Command::new(BIN).arg("sweep").output().expect("sweep");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -125,4 +131,7 @@ fn sweep_removes_a_killed_slurm() {
     assert!(left.is_empty(), "still running: {left:?}");
     assert!(!known(&user), "user {user} remains");
     assert!(!dir.exists(), "{} remains", dir.display());
+    for cgroup in &cgroups {
+        assert!(!cgroup.exists(), "{} remains", cgroup.display());
+    }
 }
