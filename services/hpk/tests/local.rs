@@ -24,6 +24,30 @@ fn pods_on_nodes(env: &Env, cluster: &str, selector: &str) -> Vec<(String, Strin
         .collect()
 }
 
+/// Every bubble's slirp4netns (the image's, which parses all pod egress) runs confined: a
+/// seccomp filter, and a mount namespace of its own apart from its launcher's (review L14).
+fn slirp4netns_is_sandboxed(env: &Env) {
+    let state = env.state.path().display().to_string();
+    let slirps: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains("--argv0 slirp4netns") && cmdline.contains(&state)
+        })
+        .collect();
+    assert_eq!(slirps.len(), 2, "one slirp4netns per bubble, from the image");
+    for pid in slirps {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        assert!(status.lines().any(|l| l == "Seccomp:\t2"), "slirp4netns {pid} has no seccomp filter");
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).expect("PPid").trim().to_owned();
+        let mnt = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).expect("mnt ns");
+        assert_ne!(mnt(&pid.to_string()), mnt(&ppid), "slirp4netns {pid} shares its launcher's mounts");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     let Some(image) = prerequisites() else { return };
@@ -36,6 +60,7 @@ async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     assert!(output.contains("cluster DNS ready"), "{output}");
     let nodes = env.kubectl_ok("demo", &["get", "nodes", "--no-headers"]);
     assert_eq!(nodes.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count(), 2, "{nodes}");
+    slirp4netns_is_sandboxed(&env);
 
     env.apply("demo", &format!(
         "apiVersion: apps/v1
