@@ -17,6 +17,7 @@ pub mod clusterdns;
 pub mod connector;
 pub mod controlplane;
 mod error;
+pub mod flood;
 pub mod hpknode;
 pub mod image;
 pub mod kubeproxy;

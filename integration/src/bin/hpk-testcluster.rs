@@ -72,6 +72,19 @@ enum Command {
     /// namespaces, `hpktb*` bridges; a Slurm's daemons, users and directories). Only while no
     /// test, `up`, `slurm` or demo is running.
     Sweep,
+    /// An unauthenticated flood of idle connections against each target (review H2), as an
+    /// attacker on the cluster network would send it; prints what each target did with them.
+    Flood {
+        /// `ADDR:PORT` to flood (repeatable).
+        #[arg(long = "target", required = true)]
+        targets: Vec<std::net::SocketAddr>,
+        /// Connections kept open against each target.
+        #[arg(long, default_value_t = 2000)]
+        connections: usize,
+        /// How long.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 fn pid_file() -> PathBuf {
@@ -306,6 +319,7 @@ fn down() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    hpk_rpc::limits::raise_nofile_or_warn();
     // kube-rs logs every refused connection at ERROR while the API server starts; readiness
     // polling expects those.
     hpk_rpc::telemetry::init_with_default(hpk_rpc::telemetry::LogFormat::Plain, "info,kube_client=off");
@@ -315,6 +329,14 @@ async fn main() -> ExitCode {
             up(nodes, hpk).await
         }
         Command::Down => down(),
+        Command::Flood { targets, connections, seconds } => {
+            for report in
+                hpk_integration::flood::run(&targets, connections, Duration::from_secs(seconds)).await
+            {
+                println!("{report}");
+            }
+            Ok(())
+        }
         Command::Registry { env_file } => registry_host(env_file).await,
         Command::Slurm { nodes, env_file } => slurm_cluster(usize::from(nodes), env_file).await,
         Command::Sweep => hpk_integration::netns::sweep()

@@ -32,6 +32,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     hpk_rpc::telemetry::init(cli.log_format);
+    hpk_rpc::limits::raise_nofile_or_warn();
     if let Err(e) = rustls::crypto::ring::default_provider().install_default() {
         tracing::debug!(?e, "a crypto provider was already installed");
     }

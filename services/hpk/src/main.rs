@@ -49,6 +49,7 @@ struct Tainer {
 }
 
 fn main() {
+    hpk_rpc::limits::raise_nofile_or_warn();
     let invoked_as = std::env::args_os()
         .next()
         .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()));

@@ -21,6 +21,7 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     hpk_rpc::telemetry::init(cli.log_format);
+    hpk_rpc::limits::raise_nofile_or_warn();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {

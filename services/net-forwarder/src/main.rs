@@ -48,6 +48,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     hpk_rpc::telemetry::init(cli.log_format);
+    hpk_rpc::limits::raise_nofile_or_warn();
     // Before any thread exists: the socket is bound and the process replaced.
     let result = match cli.command {
         Command::TunnelSocket { bind, command } => {

@@ -94,6 +94,12 @@ pub fn config(spec: &BubbleSpec<'_>) -> Value {
     config
 }
 
+/// The hard limit on open files of this process: the bubble's services hold a descriptor per
+/// connection, so they get all the job allows.
+fn nofile_hard() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(1024, |(_, hard)| hard)
+}
+
 fn base_config(spec: &BubbleSpec<'_>) -> Value {
     let caps: Vec<&str> = hpk_pod_runtime::engine::ALL_CAPS.to_vec();
     let maps = |m: &[IdMap]| {
@@ -120,7 +126,8 @@ fn base_config(spec: &BubbleSpec<'_>) -> Value {
             "capabilities": {
                 "bounding": caps, "effective": caps, "permitted": caps, "inheritable": caps, "ambient": caps
             },
-            "rlimits": [],
+            // The launcher raised its soft limit to the hard one; the bubble starts with both.
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": nofile_hard(), "hard": nofile_hard()}],
             "noNewPrivileges": false
         },
         "root": {"path": spec.rootfs, "readonly": true},
@@ -217,5 +224,9 @@ mod tests {
             assert!(dests.contains(&d), "{d} missing from {dests:?}");
         }
         assert!(!dests.contains(&"/dev/net/tun"), "the real device comes through linux.devices");
+        // The bubble starts with all the open files the launcher may have (review H2).
+        let hard =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).expect("getrlimit").1;
+        assert_eq!(c["process"]["rlimits"], json!([{"type": "RLIMIT_NOFILE", "soft": hard, "hard": hard}]));
     }
 }

@@ -2,17 +2,81 @@
 //! launcher and inherited here; every connection it accepts is joined to the service listening
 //! on the same port number on the bubble's loopback. The services keep their own TLS and
 //! authentication end to end; this only copies bytes.
+//!
+//! Anyone on the cluster network can connect, so every connection is bounded before it costs
+//! the service anything (review H2):
+//!
+//! - **per port** and **per source address**, a cap on connections held at once. Beyond it a
+//!   connection is closed as soon as it is accepted;
+//! - **first byte:** every published service is TLS, where the client speaks first. Until it
+//!   has, nothing is opened upstream, and a client silent past [`Limits::first_byte`] is
+//!   closed. A source may have [`Limits::per_source_waiting`] such connections; a newer one
+//!   evicts its oldest, so a silent flood from an address cannot starve the clients that share
+//!   it;
+//! - **idle:** a connection that carries no byte either way for [`Limits::idle`] is closed
+//!   (upstream's kubelet closes idle streaming connections after the same 4 hours), and TCP
+//!   keep-alive finds peers that vanished long before that;
+//! - refusals are logged at most once per port every [`REFUSAL_LOG_EVERY`], with a count.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
 
 use super::{InitArgs, inherited_fd};
 use crate::error::{Error, Result};
 
+/// How often, at most, refused connections are logged per port.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Descriptors kept back from the connection budget for everything else the supervisor does
+/// (log files, service pipes, the runtime).
+const RESERVED_FDS: u64 = 512;
+
+/// The bounds on one published port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections held at once on the port.
+    pub per_port: usize,
+    /// Connections held at once from one address.
+    pub per_source: usize,
+    /// Connections from one address still waiting for their first byte.
+    pub per_source_waiting: usize,
+    /// How long a client has to send its first byte.
+    pub first_byte: Duration,
+    /// How long a connection may carry nothing either way.
+    pub idle: Duration,
+}
+
+impl Limits {
+    /// The bounds for `ports` published ports when the supervisor may hold `nofile` open
+    /// descriptors: each relayed connection holds two (the client's and the upstream one).
+    pub fn for_descriptors(nofile: u64, ports: usize) -> Self {
+        let budget = nofile.saturating_sub(RESERVED_FDS) / (2 * ports.max(1) as u64);
+        let per_port = usize::try_from(budget).unwrap_or(usize::MAX).clamp(16, 16_384);
+        Self {
+            per_port,
+            per_source: (per_port / 4).clamp(8, 512),
+            per_source_waiting: 64,
+            first_byte: Duration::from_secs(10),
+            idle: Duration::from_secs(4 * 3600),
+        }
+    }
+}
+
 /// Starts one relay task per published TCP port.
 pub fn start(args: &InitArgs) -> Result<()> {
-    for name in args.role.tcp_ports() {
+    let names = args.role.tcp_ports();
+    let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let limits = Limits::for_descriptors(nofile, names.len());
+    tracing::info!(?limits, nofile, "relay bounds");
+    for name in names {
         let port = args.port(name)?;
         let fd = inherited_fd(name)?;
         let std_listener = crate::fds::claim_listener(fd)
@@ -20,34 +84,414 @@ pub fn start(args: &InitArgs) -> Result<()> {
         std_listener.set_nonblocking(true).map_err(|e| Error::io("configure", name, e))?;
         let listener = TcpListener::from_std(std_listener).map_err(|e| Error::io("register", name, e))?;
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let name = (*name).to_owned();
-        tokio::spawn(async move {
-            loop {
-                match listener.accept().await {
-                    Ok((client, peer)) => {
-                        tokio::spawn(relay(client, target, name.clone(), peer));
-                    }
-                    Err(e) => {
-                        // EMFILE and the like: back off briefly instead of spinning.
-                        tracing::warn!(port = %name, error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                }
-            }
-        });
+        tokio::spawn(run(listener, target, (*name).to_owned(), limits));
     }
     Ok(())
 }
 
-async fn relay(mut client: TcpStream, target: SocketAddr, name: String, peer: SocketAddr) {
-    let mut upstream = match TcpStream::connect(target).await {
-        Ok(s) => s,
-        Err(e) => {
+/// Accepts on `listener` for ever, relaying each admitted connection to `target`.
+pub async fn run(listener: TcpListener, target: SocketAddr, name: String, limits: Limits) {
+    let gate = Arc::new(Gate::new(limits));
+    let mut refusals = RefusalLog::default();
+    loop {
+        match listener.accept().await {
+            Ok((client, peer)) => match gate.admit(peer.ip()) {
+                Ok(ticket) => {
+                    tokio::spawn(relay(client, target, name.clone(), peer, ticket, limits));
+                }
+                Err(refusal) => {
+                    drop(client);
+                    refusals.note(&name, peer, refusal);
+                }
+            },
+            Err(e) => {
+                // EMFILE and the like: back off briefly instead of spinning.
+                tracing::warn!(port = %name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Why a connection was closed on arrival.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The port holds [`Limits::per_port`] connections.
+    Port,
+    /// The source holds [`Limits::per_source`] connections.
+    Source,
+}
+
+/// The connections held on one port, by source.
+struct Gate {
+    limits: Limits,
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    total: usize,
+    next: u64,
+    sources: HashMap<IpAddr, Source>,
+}
+
+#[derive(Default)]
+struct Source {
+    open: usize,
+    /// Connections that have not sent their first byte, oldest first.
+    waiting: VecDeque<(u64, CancellationToken)>,
+}
+
+impl Gate {
+    fn new(limits: Limits) -> Self {
+        Self { limits, state: Mutex::new(GateState::default()) }
+    }
+
+    /// Admits a connection from `ip`, evicting that source's oldest silent connection if it
+    /// has too many; refuses one over the port's or the source's cap.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> std::result::Result<Ticket, Refusal> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.total >= self.limits.per_port {
+            return Err(Refusal::Port);
+        }
+        let id = state.next;
+        state.next += 1;
+        let source = state.sources.entry(ip).or_default();
+        if source.open >= self.limits.per_source {
+            return Err(Refusal::Source);
+        }
+        source.open += 1;
+        let evict = CancellationToken::new();
+        source.waiting.push_back((id, evict.clone()));
+        if source.waiting.len() > self.limits.per_source_waiting
+            && let Some((_, oldest)) = source.waiting.pop_front()
+        {
+            oldest.cancel();
+        }
+        state.total += 1;
+        Ok(Ticket { gate: self.clone(), ip, id, evict })
+    }
+
+    fn spoke(&self, ip: IpAddr, id: u64) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(source) = state.sources.get_mut(&ip) {
+            source.waiting.retain(|(i, _)| *i != id);
+        }
+    }
+
+    fn release(&self, ip: IpAddr, id: u64) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.total -= 1;
+        if let Some(source) = state.sources.get_mut(&ip) {
+            source.open -= 1;
+            source.waiting.retain(|(i, _)| *i != id);
+            if source.open == 0 {
+                state.sources.remove(&ip);
+            }
+        }
+    }
+}
+
+/// One admitted connection's place; given back when dropped.
+struct Ticket {
+    gate: Arc<Gate>,
+    ip: IpAddr,
+    id: u64,
+    evict: CancellationToken,
+}
+
+impl Ticket {
+    /// The client has spoken: it no longer counts as waiting, and cannot be evicted.
+    fn spoke(&self) {
+        self.gate.spoke(self.ip, self.id);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.gate.release(self.ip, self.id);
+    }
+}
+
+/// Counts refusals and logs them at most once per [`REFUSAL_LOG_EVERY`].
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    port: u64,
+    source: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, name: &str, peer: SocketAddr, refusal: Refusal) {
+        match refusal {
+            Refusal::Port => self.port += 1,
+            Refusal::Source => self.source += 1,
+        }
+        if self.last.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+            tracing::warn!(
+                port = %name,
+                last_peer = %peer,
+                port_full = self.port,
+                source_full = self.source,
+                "connections closed on arrival: over the port's or the source's cap"
+            );
+            self.last = Some(Instant::now());
+            (self.port, self.source) = (0, 0);
+        }
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    target: SocketAddr,
+    name: String,
+    peer: SocketAddr,
+    ticket: Ticket,
+    limits: Limits,
+) {
+    let mut probe = [0u8; 1];
+    tokio::select! {
+        () = ticket.evict.cancelled() => {
+            tracing::debug!(port = %name, %peer, "closed a silent connection: its source opened newer ones");
+            return;
+        }
+        spoke = tokio::time::timeout(limits.first_byte, client.peek(&mut probe)) => match spoke {
+            Ok(Ok(n)) if n > 0 => ticket.spoke(),
+            Ok(_) => return,
+            Err(_) => {
+                tracing::debug!(port = %name, %peer, "closed a connection that sent nothing in time");
+                return;
+            }
+        },
+    }
+    let upstream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
             tracing::debug!(port = %name, %peer, error = %e, "service not listening yet: connection closed");
             return;
         }
+        Err(_) => return,
     };
-    let _ = client.set_nodelay(true);
-    let _ = upstream.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, 64 << 10, 64 << 10).await;
+    for s in [&client, &upstream] {
+        let _ = s.set_nodelay(true);
+        keepalive(s);
+    }
+    if copy_until_idle(client, upstream, limits.idle).await {
+        tracing::debug!(port = %name, %peer, "closed a connection idle for {:?}", limits.idle);
+    }
+    drop(ticket);
+}
+
+/// TCP keep-alive: a peer that vanished without a FIN is found within about two minutes.
+fn keepalive(stream: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let _ = setsockopt(stream, sockopt::KeepAlive, &true);
+    let _ = setsockopt(stream, sockopt::TcpKeepIdle, &60);
+    let _ = setsockopt(stream, sockopt::TcpKeepInterval, &15);
+    let _ = setsockopt(stream, sockopt::TcpKeepCount, &4);
+}
+
+/// Copies both ways until both directions end or nothing moves for `idle`; true if it ended
+/// for idleness.
+async fn copy_until_idle(mut a: TcpStream, mut b: TcpStream, idle: Duration) -> bool {
+    let start = Instant::now();
+    let last = AtomicU64::new(0);
+    let touch =
+        || last.store(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let both = async {
+        let _ = tokio::join!(pump(&mut ar, &mut bw, &touch), pump(&mut br, &mut aw, &touch));
+    };
+    let watchdog = async {
+        loop {
+            let since = start + Duration::from_millis(last.load(Ordering::Relaxed));
+            let deadline = since + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+    };
+    tokio::select! {
+        () = both => false,
+        () = watchdog => true,
+    }
+}
+
+/// Copies `from` to `to` until `from` ends, then ends `to`'s writing side.
+async fn pump(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    touch: &impl Fn(),
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        touch();
+        to.write_all(&buf[..n]).await?;
+        touch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            per_port: 6,
+            per_source: 4,
+            per_source_waiting: 2,
+            first_byte: Duration::from_millis(400),
+            idle: Duration::from_millis(600),
+        }
+    }
+
+    /// An echo service on loopback and a relay in front of it; returns the relay's address.
+    async fn relay_to_echo(limits: Limits) -> SocketAddr {
+        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let target = echo.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = conn.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = front.local_addr().expect("addr");
+        tokio::spawn(run(front, target, "test".into(), limits));
+        addr
+    }
+
+    /// True if the relay closed `conn` within `within` (it reads end of stream or a reset).
+    async fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(tokio::time::timeout(within, conn.read(&mut buf)).await, Ok(Ok(0) | Err(_)))
+    }
+
+    async fn echo_works(addr: SocketAddr) -> bool {
+        let Ok(mut conn) = TcpStream::connect(addr).await else { return false };
+        if conn.write_all(b"ping").await.is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 4];
+        matches!(tokio::time::timeout(Duration::from_secs(2), conn.read_exact(&mut buf)).await, Ok(Ok(_)))
+            && &buf == b"ping"
+    }
+
+    #[tokio::test]
+    async fn bytes_flow_both_ways_and_half_close_is_kept() {
+        let addr = relay_to_echo(limits()).await;
+        let mut conn = TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(b"hello").await.expect("write");
+        conn.shutdown().await.expect("half close");
+        let mut back = Vec::new();
+        conn.read_to_end(&mut back).await.expect("read");
+        assert_eq!(back, b"hello");
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_closed_after_the_first_byte_timeout() {
+        let addr = relay_to_echo(limits()).await;
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        assert!(!closed_within(&mut silent, Duration::from_millis(200)).await, "closed too early");
+        assert!(closed_within(&mut silent, Duration::from_secs(2)).await, "a silent client was kept");
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_and_a_busy_one_kept() {
+        let addr = relay_to_echo(limits()).await;
+        let mut busy = TcpStream::connect(addr).await.expect("connect");
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"x").await.expect("write");
+        let mut one = [0u8; 1];
+        idle.read_exact(&mut one).await.expect("echo");
+        // The busy one talks every 200 ms for 1.2 s, twice the idle timeout.
+        for _ in 0..6 {
+            busy.write_all(b"y").await.expect("busy write");
+            busy.read_exact(&mut one).await.expect("busy echo");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(closed_within(&mut idle, Duration::from_millis(100)).await, "the idle connection was kept");
+        busy.write_all(b"z").await.expect("busy write");
+        busy.read_exact(&mut one).await.expect("the busy connection was closed");
+    }
+
+    #[tokio::test]
+    async fn a_silent_flood_from_one_source_evicts_only_its_own_oldest() {
+        let addr = relay_to_echo(Limits { first_byte: Duration::from_secs(30), ..limits() }).await;
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Two may wait at once: the first of three was evicted, the others are still open.
+        assert!(closed_within(&mut silent[0], Duration::from_secs(2)).await, "the oldest was kept");
+        assert!(!closed_within(&mut silent[1], Duration::from_millis(200)).await);
+        assert!(!closed_within(&mut silent[2], Duration::from_millis(200)).await);
+        // A client from the same address that speaks still gets through.
+        assert!(echo_works(addr).await, "a client behind the silent flood was refused");
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_source_cap_are_closed_on_arrival() {
+        let addr = relay_to_echo(limits()).await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            c.write_all(b"a").await.expect("write");
+            let mut one = [0u8; 1];
+            c.read_exact(&mut one).await.expect("echo");
+            held.push(c);
+        }
+        let mut over = TcpStream::connect(addr).await.expect("the kernel accepts");
+        assert!(closed_within(&mut over, Duration::from_secs(2)).await, "a fifth connection was kept");
+        drop(held.pop());
+        // The place freed is given to the next one.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), async {
+                while !echo_works(addr).await {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .is_ok(),
+            "a freed place was not given back"
+        );
+    }
+
+    #[test]
+    fn the_port_cap_counts_every_source_and_places_come_back() {
+        let gate = Arc::new(Gate::new(limits()));
+        let ip = |n: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, n));
+        let mut tickets: Vec<Ticket> = (1..=3)
+            .flat_map(|n| [gate.admit(ip(n)), gate.admit(ip(n))])
+            .map(|t| t.expect("admitted"))
+            .collect();
+        assert_eq!(gate.admit(ip(9)).err(), Some(Refusal::Port));
+        tickets.truncate(5);
+        assert!(gate.admit(ip(9)).is_ok());
+        drop(tickets);
+        let state = gate.state.lock().expect("lock");
+        assert_eq!(
+            (state.total, state.sources.len()),
+            (0, 0),
+            "the table keeps nothing for gone connections"
+        );
+    }
+
+    #[test]
+    fn bounds_follow_the_descriptors_the_supervisor_may_hold() {
+        let small = Limits::for_descriptors(1024, 3);
+        assert_eq!(small.per_port, 85);
+        assert!(small.per_port * 3 * 2 + 512 <= 1024);
+        let large = Limits::for_descriptors(1 << 20, 3);
+        assert_eq!((large.per_port, large.per_source), (16_384, 512));
+        assert_eq!(Limits::for_descriptors(100, 1).per_port, 16, "never below a usable floor");
+    }
 }

@@ -53,7 +53,8 @@ pub struct Env {
 
 impl Env {
     pub async fn start(image: PathBuf) -> Self {
-        let network = TestNetwork::create(&["host"]).expect("test network");
+        // "attacker": another machine on the cluster network, for the attack tests.
+        let network = TestNetwork::create(&["host", "attacker"]).expect("test network");
         let host = network.host("host").cloned().expect("host");
         let registry = Registry::start(IpAddr::V4(host.ip), Some(&host.netns)).await.expect("registry");
         let images = TestImages::push(&registry, true).await.expect("test images");
@@ -91,6 +92,28 @@ impl Env {
 
     /// `hpk up --name NAME --nodes N` with the registry allowed; returns its output.
     pub fn up(&self, name: &str, nodes: u16) -> Output {
+        self.up_command(name, nodes).output().expect("run hpk up")
+    }
+
+    /// [`Env::up`] started with a soft open-files limit of `soft`, as a job step often is.
+    pub fn up_with_soft_nofile(&self, name: &str, nodes: u16, soft: u64) -> Output {
+        let up = self.up_command(name, nodes);
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={soft}:")).arg(up.get_program()).args(up.get_args());
+        for (key, value) in up.get_envs() {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        cmd.output().expect("run hpk up")
+    }
+
+    /// The other machine on the network, for attacks.
+    pub fn attacker(&self) -> &Host {
+        self.network.host("attacker").expect("attacker host")
+    }
+
+    fn up_command(&self, name: &str, nodes: u16) -> Command {
         self.clusters.lock().expect("lock").push(name.to_owned());
         let registry = format!("--insecure-registry={}", self.registry.host_port());
         let coredns = format!("--coredns-image={}", self.coredns);
@@ -105,8 +128,6 @@ impl Env {
             &coredns,
             "--kubelet-arg=--disk-pressure-percent=1",
         ])
-        .output()
-        .expect("run hpk up")
     }
 
     pub fn kubeconfig(&self, name: &str) -> PathBuf {

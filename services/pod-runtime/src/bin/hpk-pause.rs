@@ -44,6 +44,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    hpk_rpc::limits::raise_nofile_or_warn();
     // Plain fmt with a level, no EnvFilter: this runs once per pod, so it stays small. A log
     // write that fails (the reader of our stderr went away) is dropped: the default reports it
     // with eprint!, which panics on EPIPE, and PID 1 must not die of a log line.

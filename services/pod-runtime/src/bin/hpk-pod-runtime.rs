@@ -18,6 +18,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    hpk_rpc::limits::raise_nofile_or_warn();
     if std::env::args_os().nth(1).is_some_and(|a| a == hpk_pod_runtime::logshim::SUBCOMMAND) {
         let args = hpk_pod_runtime::logshim::Args::parse_from(std::env::args_os().skip(1));
         return match hpk_pod_runtime::logshim::run(&args) {

@@ -1,0 +1,190 @@
+//! Attacks from the review (`shared/notes/security-review.md`), each run against a real
+//! `hpk up` cluster from another machine on the network, as an unprivileged user. Each shows
+//! the attack now fails while the victim's cluster keeps working.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{Env, eventually, prerequisites, text};
+
+/// The published ports of a cluster: the API server, the cert-signer and each node's kubelet.
+fn published_ports(env: &Env, cluster: &str) -> Vec<(String, SocketAddr)> {
+    let shared = env.home.path().join(cluster);
+    let address = |file: &str| -> SocketAddr {
+        let raw = std::fs::read_to_string(shared.join(file)).expect("address file");
+        let raw = raw.trim().trim_start_matches("https://").trim_end_matches('/');
+        raw.parse().unwrap_or_else(|e| panic!("{file}: {raw:?}: {e}"))
+    };
+    let mut ports = vec![
+        ("apiserver".to_owned(), address("apiserver")),
+        ("cert-signer".to_owned(), address("cert-signer")),
+    ];
+    let kubelets = env.kubectl_ok(cluster, &[
+        "get",
+        "nodes",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name} {.status.addresses[?(@.type=="InternalIP")].address}:{.status.daemonEndpoints.kubeletEndpoint.Port}{"\n"}{end}"#,
+    ]);
+    for line in kubelets.lines() {
+        let (node, addr) = line.split_once(' ').expect("node line");
+        ports.push((format!("kubelet of {node}"), addr.parse().expect("kubelet address")));
+    }
+    ports
+}
+
+/// Established connections to `port` on the test host from `peer`, counted on the host.
+fn held_from(env: &Env, port: u16, peer: std::net::Ipv4Addr) -> usize {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &env.host.netns, "ss", "-Htn", "state", "established"])
+        .arg(format!("( sport = :{port} and dst {peer} )"))
+        .output()
+        .expect("ss");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+/// `hpk-cert-signer request` for `node`'s client certificate, as the node would make it.
+fn signer_signs(env: &Env, cluster: &str, node: &str, out_dir: &Path) -> Result<(), String> {
+    let shared = env.home.path().join(cluster);
+    let signer = Path::new(env!("CARGO_BIN_EXE_hpk")).with_file_name("hpk-cert-signer");
+    let out = Command::new(signer)
+        .arg("request")
+        .arg(format!("--server-file={}", shared.join("cert-signer").display()))
+        .arg(format!("--ca-cert={}", shared.join("ca.crt").display()))
+        .arg(format!("--token-file={}", shared.join("node-token").display()))
+        .arg(format!("--node-name={node}"))
+        .arg("--profile=client")
+        .arg(format!("--cert-out={}", out_dir.join("c.crt").display()))
+        .arg(format!("--key-out={}", out_dir.join("c.key").display()))
+        .arg(format!("--shared-dir={}", shared.display()))
+        .output()
+        .map_err(|e| format!("run hpk-cert-signer: {e}"))?;
+    if out.status.success() { Ok(()) } else { Err(text(&out)) }
+}
+
+/// H2: 2,000 idle connections to every published port, held for a minute from another machine
+/// by an unprivileged user, and opened again whenever they are closed. The victim's launchers
+/// start with a soft limit of 1,024 open files, as a job step often does. Throughout, kubectl
+/// answers, both nodes stay Ready, logs stream from the worker's kubelet and the signer signs;
+/// the host holds only a bounded share of the flood, and silent connections are closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connection_floods_leave_the_cluster_working() {
+    let Some(image) = prerequisites() else { return };
+    let flood_tool = Path::new(env!("CARGO_BIN_EXE_hpk")).with_file_name("hpk-testcluster");
+    assert!(flood_tool.is_file(), "{} is missing: cargo build --workspace --bins", flood_tool.display());
+    let env = Env::start(image).await;
+    let out = env.up_with_soft_nofile("flood", 2, 1024);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    let nodes = env.kubectl_ok("flood", &["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"]);
+    let nodes: Vec<&str> = nodes.split_whitespace().collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    // `hpk up` names the nodes NAME-1 (the controller) and NAME-2.
+    let worker = "flood-2";
+    assert!(nodes.contains(&worker), "{nodes:?}");
+
+    // A pod on the worker that prints a line a second: its logs come through that kubelet's port.
+    env.apply("flood", &format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ticker\nspec:\n  nodeName: {worker}\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, 'while true; do echo tick; sleep 1; done']\n",
+        env.shell
+    ));
+    eventually("the ticker pod runs", Duration::from_secs(90), || {
+        let phase = env.kubectl_ok("flood", &["get", "pod", "ticker", "-o", "jsonpath={.status.phase}"]);
+        (phase == "Running").then_some(())
+    });
+
+    let ports = published_ports(&env, "flood");
+    assert_eq!(ports.len(), 4, "{ports:?}");
+    let attacker = env.attacker().clone();
+    let mut flood = attacker.command("setpriv");
+    flood.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(&flood_tool).arg("flood");
+    for (_, addr) in &ports {
+        flood.arg(format!("--target={addr}"));
+    }
+    let flood = flood
+        .args(["--connections=2000", "--seconds=75"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the flood");
+    let pid = flood.id();
+    // Kill the flood by its PID if an assertion fails before it ends.
+    struct Stop(u32);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Ok(pid) = i32::try_from(self.0) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let _stop = Stop(pid);
+    std::thread::sleep(Duration::from_secs(10));
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let mut rounds = 0;
+    let mut most_held = vec![0usize; ports.len()];
+    while started.elapsed() < Duration::from_secs(55) {
+        rounds += 1;
+        let t = Instant::now();
+        let listed = env.kubectl("flood", &["get", "nodes", "--no-headers", "--request-timeout=10s"]);
+        assert!(
+            listed.status.success(),
+            "round {rounds}: kubectl get nodes failed under the flood: {}",
+            text(&listed)
+        );
+        let listed = text(&listed);
+        let ready = listed.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count();
+        assert_eq!(ready, 2, "round {rounds}: a node is not Ready under the flood:\n{listed}");
+        let logs = env.kubectl("flood", &["logs", "ticker", "--tail=1", "--request-timeout=10s"]);
+        assert!(
+            logs.status.success() && text(&logs).contains("tick"),
+            "round {rounds}: logs from the worker's kubelet failed under the flood: {}",
+            text(&logs)
+        );
+        if let Err(e) = signer_signs(&env, "flood", worker, scratch.path()) {
+            panic!("round {rounds}: the cert-signer refused a genuine request under the flood: {e}");
+        }
+        for (i, (_, addr)) in ports.iter().enumerate() {
+            most_held[i] = most_held[i].max(held_from(&env, addr.port(), attacker.ip));
+        }
+        eprintln!(
+            "round {rounds}: kubectl, logs and the signer answered in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    assert!(rounds >= 5, "only {rounds} rounds ran");
+
+    let out = flood.wait_with_output().expect("the flood ends");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "the flood failed: {}{}", report, String::from_utf8_lossy(&out.stderr));
+    eprintln!("flood:\n{report}");
+    for (i, (name, addr)) in ports.iter().enumerate() {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(&format!("target={addr} ")))
+            .unwrap_or_else(|| panic!("no report for {name} ({addr}): {report}"));
+        let field = |key: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(&format!("{key}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{key} in {line}"))
+        };
+        // The attacker had its 2,000 connections accepted, and the host closed them: at most
+        // a bounded share was ever held, and silent ones do not outlive the first-byte timeout.
+        assert!(field("opened") >= 2000, "{name}: {line}");
+        assert!(field("closed_by_server") >= 2000, "{name}: the host kept the flood's connections: {line}");
+        assert!(
+            most_held[i] <= 700,
+            "{name}: the host held {} of the attacker's connections at once, more than one source may",
+            most_held[i]
+        );
+        eprintln!("{name}: the host held at most {} of the attacker's connections at once", most_held[i]);
+    }
+}
