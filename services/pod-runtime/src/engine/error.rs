@@ -35,6 +35,21 @@ pub enum Error {
         /// The directory it must stay in.
         base: PathBuf,
     },
+    /// A mount source inside a volume that leads through a symbolic link (or through a file
+    /// where a directory must be): the volume changed under it, or the path was never plain.
+    #[error(
+        "mount source {path:?} in {root}: {at:?} is {found}; paths inside a volume are followed without links"
+    )]
+    SubPathLink {
+        /// The volume.
+        root: PathBuf,
+        /// The path inside it.
+        path: String,
+        /// The component that is a link, with those before it.
+        at: String,
+        /// What it is, in words.
+        found: &'static str,
+    },
     /// The engine cannot do what was asked (Apptainer's syntax or features do not reach).
     #[error("{0}")]
     Unsupported(String),

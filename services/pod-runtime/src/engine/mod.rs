@@ -19,6 +19,7 @@ mod logs;
 mod mountns;
 mod rootfs;
 mod spec;
+pub mod sub_path;
 
 pub use apptainer::Apptainer;
 pub use cgroups::{CgroupMode, limits_not_enforced};

@@ -98,7 +98,10 @@ impl Runtime {
             (false, false) => Some(join_inside(std::path::Path::new(&log_dir), &config.log_path)?),
             _ => None,
         };
-        let mut mounts = mounts_of(&config)?;
+        // Sources inside volumes are opened (not yet mounted) before anything is made, so a
+        // subPath that leads through a link fails here.
+        let held = super::sub_path::hold(&config, &self.pod_files())?;
+        let mut mounts = mounts_of(&config, &held)?;
         // The pod's resolv.conf, hostname and hosts, where the kubelet mounts none of its own.
         let readonly_rootfs = config
             .linux
@@ -123,6 +126,10 @@ impl Runtime {
 
         let id = new_id()?;
         let dir = self.container_dir(&id);
+        if let Err(err) = super::sub_path::pin(&dir, held, &mut mounts) {
+            let _ = super::sub_path::remove_container_dir(&dir);
+            return Err(err);
+        }
         let layers = self.images.layers(&image);
         let streams = Streams { tty: config.tty, stdin: config.stdin, stdin_once: config.stdin_once };
         let attach = self.attach_socket(&sandbox_id, &id);
@@ -139,7 +146,7 @@ impl Runtime {
             Err(err) => {
                 let _ = self.engine_delete_container(&id, pause_pid);
                 let _ = self.engine_unmount(&dir);
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = super::sub_path::remove_container_dir(&dir);
                 return Err(err);
             }
         };
@@ -168,7 +175,7 @@ impl Runtime {
         if let Err(err) = container.save_all() {
             let _ = self.engine_delete_container(&id, pause_pid);
             let _ = self.engine_unmount(&container.dir);
-            let _ = std::fs::remove_dir_all(&container.dir);
+            let _ = super::sub_path::remove_container_dir(&container.dir);
             return Err(err);
         }
         let mut state = self.state.lock().await;
@@ -494,7 +501,7 @@ impl Runtime {
         }
         let dir = self.container_dir(&id);
         self.engine_unmount(&dir)?;
-        std::fs::remove_dir_all(&dir).map_err(|e| Error::io("remove", &dir, e))?;
+        super::sub_path::remove_container_dir(&dir)?;
         let mut state = self.state.lock().await;
         self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);
         state.containers.remove(&id);
@@ -675,11 +682,14 @@ fn process_of(config: &cri::ContainerConfig, image: &crate::images::ImageConfig)
     })
 }
 
-fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<Mount>> {
+/// The engine's mounts for `config`; the sources of `held` mounts were opened already (and
+/// are pinned later), the others must exist.
+fn mounts_of(config: &cri::ContainerConfig, held: &[super::sub_path::Held]) -> Result<Vec<Mount>> {
     config
         .mounts
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let dest = std::path::Path::new(&m.container_path);
             let escapes = dest.components().any(|c| matches!(c, std::path::Component::ParentDir));
             if !dest.is_absolute() || escapes {
@@ -689,7 +699,7 @@ fn mounts_of(config: &cri::ContainerConfig) -> Result<Vec<Mount>> {
                 )));
             }
             let host = PathBuf::from(&m.host_path);
-            if !host.exists() {
+            if !held.iter().any(|h| h.index() == i) && !host.exists() {
                 return Err(Error::Invalid(format!("mount source {} does not exist", host.display())));
             }
             let propagation = match cri::MountPropagation::try_from(m.propagation) {

@@ -64,7 +64,10 @@ impl From<Error> for tonic::Status {
         let code = match &err {
             Error::Invalid(_)
             | Error::Engine(
-                engine::Error::PathEscapes { .. } | engine::Error::BadId(_) | engine::Error::Unsupported(_),
+                engine::Error::PathEscapes { .. }
+                | engine::Error::SubPathLink { .. }
+                | engine::Error::BadId(_)
+                | engine::Error::Unsupported(_),
             ) => Code::InvalidArgument,
             Error::NotFound { .. } => Code::NotFound,
             Error::AlreadyExists(_) => Code::AlreadyExists,

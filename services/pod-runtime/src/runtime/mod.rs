@@ -13,6 +13,7 @@ mod sandbox;
 mod security;
 mod stats;
 mod stream;
+mod sub_path;
 mod unmapped;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ pub use error::{Error, Result};
 pub use network::PodNetwork;
 pub use recover::Recovered;
 pub use stream::Sessions;
+pub use sub_path::SUB_PATH_ROOTS;
 pub use unmapped::NOT_HONOURED_KEY;
 
 use crate::engine::Crun;
@@ -223,6 +225,11 @@ impl Runtime {
 
     pub(crate) fn container_dir(&self, id: &str) -> PathBuf {
         self.config.root.join("containers").join(id)
+    }
+
+    /// Where a remote kubelet's files for its pods are stored (connector mode).
+    pub(crate) fn pod_files(&self) -> PathBuf {
+        self.config.root.join(crate::remote::files::POD_FILES)
     }
 }
 

@@ -86,7 +86,7 @@ impl Runtime {
                     };
                     let _ = self.engine_delete_container(&id, pause_pid);
                     let _ = self.engine_unmount(&dir);
-                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ = super::sub_path::remove_container_dir(&dir);
                     found.removed += 1;
                 }
             }

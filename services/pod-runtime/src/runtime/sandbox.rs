@@ -227,7 +227,7 @@ impl Runtime {
     /// Removes what a remote kubelet stored for the pod (`crate::remote::files`) once its last
     /// sandbox is gone. Best effort: the sandbox is removed either way.
     fn remove_pod_files(&self, uid: &str) {
-        let pod_files = self.config.root.join(crate::remote::files::POD_FILES);
+        let pod_files = self.pod_files();
         match crate::remote::files::remove_pod(&pod_files, uid) {
             // A UID that is not one cannot have files stored.
             Ok(()) | Err(crate::remote::Error::Invalid(_)) => {}

@@ -90,6 +90,11 @@ impl Runtime {
         self.killed = true;
     }
 
+    /// The runtime's PID (`/proc/PID/root` walks its private mount namespace).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The CRI socket.
     pub fn socket(&self) -> &Path {
         &self.socket
