@@ -251,6 +251,55 @@ async fn a_sub_path_mount_shows_the_volume_and_goes_with_its_container() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_kubelets_stored_files_are_pinned_too() {
+    if !tools_present(CRICTL_TOOLS) {
+        return;
+    }
+    let (registry, reference, _) = registry_with_shell_image().await;
+    let volume = Volume::new();
+    let dir = volume.base.join("rt");
+    // What PutFiles stores for a connector's pod: a configMap volume and /etc/hosts.
+    let stored = dir.join("root/pod-files/uid-remote");
+    std::fs::create_dir_all(stored.join("volumes/cfg")).expect("mkdir");
+    std::fs::write(stored.join("volumes/cfg/key"), "shipped").expect("write");
+    std::fs::write(stored.join("etc-hosts"), "127.0.0.1 shipped-host\n").expect("write");
+    let rt = tokio::task::block_in_place(|| Runtime::start(&dir, &registry.host_port()));
+    tokio::task::block_in_place(|| {
+        rt.ok(&["pull", &reference]);
+        let (pod_id, pod) = sandbox(&rt, &dir, "remote");
+        let ctr = write_json(
+            &dir.join("stored.json"),
+            serde_json::json!({
+                "metadata": {"name": "stored"},
+                "image": {"image": reference},
+                "command": ["sh", "-c", "cat /config/key; echo; cat /etc/hosts"],
+                "log_path": "stored/0.log",
+                "mounts": [
+                    {"container_path": "/config", "host_path": stored.join("volumes/cfg"), "readonly": true},
+                    {"container_path": "/etc/hosts", "host_path": stored.join("etc-hosts")},
+                ],
+            }),
+        );
+        let id = rt.ok(&["create", &pod_id, &ctr, &pod]);
+        let points = PathBuf::from(format!(
+            "/proc/{}/root{}",
+            rt.pid(),
+            dir.join("root/containers").join(&id).join("sub-paths").display()
+        ));
+        assert!(points.join("0").is_dir() && points.join("1").is_file(), "a directory and a file pinned");
+        let (logs, _) = run_and_read(&rt, &id);
+        assert!(logs.contains("shipped") && logs.contains("shipped-host"), "{logs}");
+        rt.ok(&["rm", &id]);
+        assert!(!points.exists());
+        // A link in a stored tree (planted by a container in a writable copy) is refused.
+        std::fs::remove_dir_all(stored.join("volumes/cfg")).expect("rm");
+        std::os::unix::fs::symlink("/etc", stored.join("volumes/cfg")).expect("link");
+        let err = rt.fails(&["create", &pod_id, &ctr, &pod]);
+        assert!(err.contains("is a symbolic link"), "{err}");
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_runtime_removes_a_sub_path_container_and_keeps_the_volume() {
     if !tools_present(CRICTL_TOOLS) {
         return;
