@@ -142,6 +142,12 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             ),
         ),
         pod_manifest(
+            "sub-path",
+            &format!(
+                "  containers:\n  - name: writer\n    image: {shell}\n    command: [sh, -c, 'mkdir -p /all/d/x; echo inside > /all/d/x/marker; sleep 600']\n    volumeMounts: [{{name: data, mountPath: /all}}]\n  - name: reader\n    image: {shell}\n    command: [sh, -c, 'until cat /sub/marker; do sleep 0.2; done; echo key=$(cat /etc/key); sleep 600']\n    volumeMounts: [{{name: data, mountPath: /sub, subPath: d/x}}, {{name: cfg, mountPath: /etc/key, subPath: key}}]\n  volumes:\n  - name: data\n    emptyDir: {{}}\n  - name: cfg\n    configMap: {{name: cfg}}\n"
+            ),
+        ),
+        pod_manifest(
             "secret-mode",
             &format!(
                 "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'stat -L -c mode=%a /etc/secret/key; cat /etc/secret/key; echo; sleep 600']\n    volumeMounts: [{{name: s, mountPath: /etc/secret}}]\n  volumes:\n  - name: s\n    secret: {{secretName: sec, defaultMode: 0400}}\n"
@@ -331,6 +337,19 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 let p = pod(c, "shared").await;
                 log_shows(c, &p, "reader", "hello", Duration::from_secs(20)).await;
                 has_events(c, "shared", &["Started"]).await;
+            }),
+        ),
+        (
+            "subPath mounts: a directory of a shared emptyDir and a configMap key",
+            Box::pin(async {
+                status_is(c, "sub-path", "Running", long).await;
+                let p = pod(c, "sub-path").await;
+                // d/x is made by the writer or by the kubelet resolving the reader's subPath,
+                // whichever comes first; the runtime mounts it from a descriptor opened beneath
+                // the volume (the kubelet names the volume in the hpk.io/sub-path-roots annotation).
+                log_shows(c, &p, "reader", "inside", Duration::from_secs(20)).await;
+                log_shows(c, &p, "reader", "key=", Duration::from_secs(20)).await;
+                has_events(c, "sub-path", &["Started"]).await;
             }),
         ),
         (

@@ -335,7 +335,9 @@ impl Worker {
         crate::spec::verify_run_as_non_root(&self.pod, spec, image.uid, &image.username)
             .map_err(|e| crate::node::error_chain(&e))?;
         let volumes = self.volumes.as_ref().ok_or("volumes are not ready")?;
-        let mut mounts = volumes.mounts_for(spec, &env.to_map()).map_err(|e| crate::node::error_chain(&e))?;
+        let mut container_mounts =
+            volumes.mounts_for(spec, &env.to_map()).map_err(|e| crate::node::error_chain(&e))?;
+        let mut mounts = std::mem::take(&mut container_mounts.mounts);
         if crate::volumes::wants_etc_hosts(spec) {
             let ip = facts.pod_ips.first().cloned().unwrap_or_default();
             let hosts = crate::volumes::write_etc_hosts(
@@ -351,17 +353,22 @@ impl Worker {
             mounts =
                 crate::remote_files::ship(remote, &self.uid, &self.ctx.pod_dir(&self.uid), mounts).await?;
         }
+        container_mounts.mounts = mounts;
         let c = &self.containers[i];
-        crate::spec::container_config(
+        let mut config = crate::spec::container_config(
             &self.pod,
             spec,
             &env,
-            mounts,
+            container_mounts.mounts.clone(),
             &image.image_ref,
             c.next_attempt(),
             c.next_attempt(),
         )
-        .map_err(|e| crate::node::error_chain(&e))
+        .map_err(|e| crate::node::error_chain(&e))?;
+        // The runtime resolves each subPath mount again beneath its volume and mounts what it
+        // opened, so nothing swapped in since the check above is followed (review H4).
+        config.annotations.extend(container_mounts.annotation());
+        Ok(config)
     }
 
     /// Runs a lifecycle hook (exec, httpGet, sleep) within `limit`.

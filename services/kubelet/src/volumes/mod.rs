@@ -35,6 +35,7 @@ use crate::objects::ObjectSource;
 pub use atomic::{FileData, Payload};
 pub use error::VolumeError;
 pub use hosts::{wants_etc_hosts, write_etc_hosts};
+pub use mounts::SUB_PATH_ROOTS;
 pub use remove::remove;
 
 use api_data::{DEFAULT_MODE, KeySource, mode_bits, project_downward};
@@ -48,6 +49,35 @@ pub struct VolumeContext {
     /// The bubble's user and group IDs: an fsGroup or user outside them is not applied
     /// (`None`: unknown, every ID is tried).
     pub ids: Option<IdMappings>,
+}
+
+/// A container's CRI mounts, and the volume of each of its subPath mounts.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerMounts {
+    /// The mounts, in the order of the container's volumeMounts.
+    pub mounts: Vec<cri::Mount>,
+    /// For each subPath mount, by container path: the real path of its volume, for the
+    /// [`SUB_PATH_ROOTS`] annotation.
+    pub sub_path_roots: BTreeMap<String, PathBuf>,
+}
+
+impl ContainerMounts {
+    /// The [`SUB_PATH_ROOTS`] annotation for these mounts (key and value), if any has a subPath.
+    /// A mount whose host path no longer lies in its volume (connector mode ships it, and the
+    /// runtime pins its own copy) is left out.
+    pub fn annotation(&self) -> Option<(String, String)> {
+        let roots: BTreeMap<String, PathBuf> = self
+            .sub_path_roots
+            .iter()
+            .filter(|(dest, root)| {
+                self.mounts
+                    .iter()
+                    .any(|m| &m.container_path == *dest && Path::new(&m.host_path).starts_with(root))
+            })
+            .map(|(dest, root)| (dest.clone(), root.clone()))
+            .collect();
+        mounts::sub_path_annotation(&roots).map(|value| (SUB_PATH_ROOTS.to_owned(), value))
+    }
 }
 
 /// What a volume became on the host.
@@ -145,13 +175,21 @@ impl PodVolumes {
     }
 
     /// The CRI mounts for `container`'s volumeMounts, subPathExpr expanded with `env` (the
-    /// container's resolved environment).
+    /// container's resolved environment), with the volume of each subPath mount.
     pub fn mounts_for(
         &self,
         container: &Container,
         env: &BTreeMap<String, String>,
-    ) -> Result<Vec<cri::Mount>, VolumeError> {
-        container.volume_mounts.iter().flatten().map(|mount| self.mount(container, mount, env)).collect()
+    ) -> Result<ContainerMounts, VolumeError> {
+        let mut out = ContainerMounts::default();
+        for mount in container.volume_mounts.iter().flatten() {
+            let (cri_mount, root) = self.mount(container, mount, env)?;
+            if let Some(root) = root {
+                out.sub_path_roots.insert(cri_mount.container_path.clone(), root);
+            }
+            out.mounts.push(cri_mount);
+        }
+        Ok(out)
     }
 
     fn mount(
@@ -159,7 +197,7 @@ impl PodVolumes {
         container: &Container,
         mount: &k8s_openapi::api::core::v1::VolumeMount,
         env: &BTreeMap<String, String>,
-    ) -> Result<cri::Mount, VolumeError> {
+    ) -> Result<(cri::Mount, Option<PathBuf>), VolumeError> {
         let volume = self.volumes.get(&mount.name).ok_or_else(|| VolumeError::NoSuchVolume {
             container: container.name.clone(),
             mount_path: mount.mount_path.clone(),
@@ -170,10 +208,11 @@ impl PodVolumes {
             (_, Some(path)) => path.clone(),
             _ => String::new(),
         };
-        let host_path = if sub_path.is_empty() {
-            volume.source.clone()
+        let (host_path, root) = if sub_path.is_empty() {
+            (volume.source.clone(), None)
         } else {
-            mounts::resolve_sub_path(&mount.name, &volume.source, &sub_path)?
+            let resolved = mounts::resolve_sub_path(&mount.name, &volume.source, &sub_path)?;
+            (resolved.path, Some(resolved.root))
         };
         let read_only = mount.read_only.unwrap_or(false)
             || match volume.kind {
@@ -185,14 +224,15 @@ impl PodVolumes {
         let recursive = read_only
             && propagation == cri::MountPropagation::PropagationPrivate
             && mount.recursive_read_only.as_deref() == Some("Enabled");
-        Ok(cri::Mount {
+        let cri_mount = cri::Mount {
             container_path: mount.mount_path.clone(),
             host_path: host_path.display().to_string(),
             readonly: read_only,
             propagation: propagation.into(),
             recursive_read_only: recursive,
             ..cri::Mount::default()
-        })
+        };
+        Ok((cri_mount, root))
     }
 
     /// Limits the pod asked for that this node does not enforce, in words (emptyDir sizeLimit on

@@ -202,7 +202,7 @@ async fn projected_kube_api_access_has_token_ca_and_namespace() {
     assert_eq!(request, ("ns".into(), "builder".into(), "web".into(), vec![], 3607));
 
     let container = &pod.spec.as_ref().expect("spec").containers[0];
-    let mounts = volumes.mounts_for(container, &BTreeMap::new()).expect("mounts");
+    let mounts = volumes.mounts_for(container, &BTreeMap::new()).expect("mounts").mounts;
     assert_eq!(mounts.len(), 1);
     assert_eq!(mounts[0].container_path, "/var/run/secrets/kubernetes.io/serviceaccount");
     assert_eq!(Path::new(&mounts[0].host_path), vol);
@@ -257,7 +257,8 @@ async fn claims_mount_their_host_path_volume() {
     let volumes = prepare(&good, tmp.path(), &objects).await.expect("bound claim");
     let mounts = volumes
         .mounts_for(&good.spec.as_ref().expect("spec").containers[0], &BTreeMap::new())
-        .expect("mounts");
+        .expect("mounts")
+        .mounts;
     assert_eq!(Path::new(&mounts[0].host_path), data.path());
     assert!(mounts[0].readonly, "the claim's readOnly holds");
 
@@ -382,7 +383,8 @@ async fn mounts_resolve_sub_paths_inside_their_volume() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let volumes = prepare(&pod, tmp.path(), &objects).await.expect("prepared");
     let env: BTreeMap<String, String> = [("POD_NAME".to_owned(), "web-0".to_owned())].into();
-    let mounts = volumes.mounts_for(container(&pod), &env).expect("mounts");
+    let all = volumes.mounts_for(container(&pod), &env).expect("mounts");
+    let mounts = &all.mounts;
     let root = fs::canonicalize(tmp.path()).expect("canonical");
     let logs = root.join("volumes/scratch/logs/web-0");
     assert_eq!(Path::new(&mounts[0].host_path), logs);
@@ -396,6 +398,19 @@ async fn mounts_resolve_sub_paths_inside_their_volume() {
     let conf = Path::new(&mounts[2].host_path);
     assert!(conf.starts_with(root.join("volumes/conf")) && conf.is_file(), "{}", conf.display());
     assert!(mounts[2].readonly);
+    // The runtime is told each subPath mount's volume, to resolve it again without links.
+    let (key, value) = all.annotation().expect("annotation");
+    assert_eq!(key, SUB_PATH_ROOTS);
+    let roots: BTreeMap<String, String> = serde_json::from_str(&value).expect("JSON");
+    let volume = |name: &str| root.join("volumes").join(name).display().to_string();
+    assert_eq!(roots.len(), 3);
+    assert_eq!((roots["/logs"].clone(), roots["/etc/app.conf"].clone()), (volume("scratch"), volume("conf")));
+    // A mount shipped elsewhere (connector mode) is no longer inside its volume: left out.
+    let mut shipped = all.clone();
+    shipped.mounts[0].host_path = "/runtime/pod-files/uid/volumes/scratch/logs/web-0".into();
+    let (_, value) = shipped.annotation().expect("annotation");
+    let roots: BTreeMap<String, String> = serde_json::from_str(&value).expect("JSON");
+    assert!(!roots.contains_key("/logs") && roots.len() == 2, "{roots:?}");
 }
 
 #[tokio::test]
