@@ -51,6 +51,14 @@ pub struct KubeletArgs {
     /// The kubelet's state: one directory per pod (volumes, /etc/hosts); created 0700.
     #[arg(long, env = "HPK_KUBELET_ROOT")]
     pub root_dir: PathBuf,
+    /// A host directory no hostPath volume (nor hostPath or local PersistentVolume) may reach:
+    /// a path inside it, or a parent of it such as `/`, is refused with a FailedMount event,
+    /// links resolved. Repeat the flag (or separate with commas) for several; giving it
+    /// replaces the defaults, HPK's own directories (/hpk, which holds the shared directory
+    /// /hpk/shared, and /var/lib/hpk, the bubble's node directory), so list those again.
+    #[arg(long = "forbidden-host-path", env = "HPK_FORBIDDEN_HOST_PATHS", value_delimiter = ',',
+          default_values = crate::volumes::DEFAULT_FORBIDDEN, value_parser = parse_absolute)]
+    pub forbidden_host_paths: Vec<PathBuf>,
     /// Where containers' logs go (`<namespace>_<pod>_<uid>/<container>/<n>.log`); by default
     /// `<root-dir>/pod-logs`.
     #[arg(long, env = "HPK_POD_LOGS_DIR")]
@@ -177,6 +185,12 @@ pub const CONNECTOR_NODE_NAME: &str = "hpk-connector";
 /// The key of the taint a connector's node carries unless --register-with-taint says otherwise.
 pub const CONNECTOR_TAINT_KEY: &str = "hpk.io/connector";
 
+/// An absolute path.
+fn parse_absolute(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    if path.is_absolute() { Ok(path) } else { Err(format!("{text:?} is not an absolute path")) }
+}
+
 /// `https://HOST:PORT`, nothing else.
 fn parse_endpoint(text: &str) -> Result<String, String> {
     // A file's content (a runtime bubble's runtime-endpoint) ends with a newline.
@@ -227,6 +241,30 @@ pub fn parse_taint(text: &str) -> Result<Taint, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: KubeletArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<KubeletArgs, clap::Error> {
+        use clap::Parser;
+        let base = ["hpk-kubelet", "--node-ip=10.0.0.1", "--runtime-socket=/run/cri.sock", "--root-dir=/r"];
+        Cli::try_parse_from(base.iter().chain(extra)).map(|cli| cli.args)
+    }
+
+    #[test]
+    fn forbidden_host_paths_default_to_hpks_directories() {
+        let defaults = parse(&[]).expect("parse").forbidden_host_paths;
+        assert_eq!(defaults, [PathBuf::from("/hpk"), PathBuf::from("/var/lib/hpk")]);
+        let given = parse(&["--forbidden-host-path=/hpk", "--forbidden-host-path=/scratch/admin,/opt/site"])
+            .expect("parse")
+            .forbidden_host_paths;
+        assert_eq!(given, ["/hpk", "/scratch/admin", "/opt/site"].map(PathBuf::from));
+        let err = parse(&["--forbidden-host-path=hpk"]).expect_err("relative").to_string();
+        assert!(err.contains("not an absolute path"), "{err}");
+    }
 
     #[test]
     fn dns_subdomains() {

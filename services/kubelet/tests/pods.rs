@@ -180,6 +180,12 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             ),
         ),
         pod_manifest(
+            "hostpath-root",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /host}}]\n  volumes:\n  - name: v\n    hostPath: {{path: /}}\n"
+            ),
+        ),
+        pod_manifest(
             "no-pvc",
             &format!(
                 "  nodeName: node1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - name: v\n    persistentVolumeClaim: {{claimName: nowhere}}\n"
@@ -424,6 +430,18 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 has_events(c, "wrong-hostpath", &["FailedMount"]).await;
                 let m = event_messages(c, "wrong-hostpath", "FailedMount");
                 assert!(m.iter().any(|m| m.contains("/etc/hostname") && m.contains("Directory")), "{m:?}");
+            }),
+        ),
+        (
+            "a hostPath of / (above HPK's own directories): FailedMount saying why",
+            Box::pin(async {
+                has_events(c, "hostpath-root", &["FailedMount"]).await;
+                let m = event_messages(c, "hostpath-root", "FailedMount");
+                assert!(m.iter().any(|m| m.contains("contains /hpk") && m.contains("HPK itself")), "{m:?}");
+                assert_eq!(
+                    kubectl_row(c, "hostpath-root").map(|r| r.1).as_deref(),
+                    Some("ContainerCreating")
+                );
             }),
         ),
         (

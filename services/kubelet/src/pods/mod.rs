@@ -58,6 +58,8 @@ pub struct Context {
     /// The user and group IDs of this kubelet's bubble (`None`: unknown, every ID is taken as
     /// mapped). The runtime's too, unless it is remote (connector mode).
     pub ids: Option<crate::idmap::IdMappings>,
+    /// Host directories no hostPath volume may reach (`--forbidden-host-path`).
+    pub forbidden_host_paths: Vec<PathBuf>,
 }
 
 impl Context {

@@ -358,7 +358,11 @@ impl Worker {
     }
 
     pub(super) fn volume_context(&self) -> crate::volumes::VolumeContext {
-        crate::volumes::VolumeContext { facts: self.facts(), ids: self.ctx.ids.clone() }
+        crate::volumes::VolumeContext {
+            facts: self.facts(),
+            ids: self.ctx.ids.clone(),
+            forbidden_host_paths: self.ctx.forbidden_host_paths.clone(),
+        }
     }
 
     /// What the downward API tells about this pod.

@@ -93,6 +93,23 @@ pub enum VolumeError {
         /// What that type requires (`a directory`).
         required: &'static str,
     },
+    /// A hostPath (or hostPath/local PV) that reaches one of HPK's own directories: inside
+    /// one, or a parent of one (review H5).
+    #[error(
+        "hostPath {path} for volume {volume:?} is refused: it (resolved: {resolved}) {relation} {forbidden}, which this node keeps for HPK itself (--forbidden-host-path)"
+    )]
+    HostPathForbidden {
+        /// The volume's name.
+        volume: String,
+        /// The host path as given.
+        path: PathBuf,
+        /// It with its links resolved (as far as it exists).
+        resolved: PathBuf,
+        /// `lies inside` or `contains`.
+        relation: &'static str,
+        /// The forbidden directory it reaches.
+        forbidden: PathBuf,
+    },
     /// A hostPath `type` the API does not define.
     #[error("hostPath {path} for volume {volume:?} has unknown type {kind:?}")]
     HostPathUnknownType {

@@ -65,9 +65,15 @@ fn describe(meta: &Metadata) -> &'static str {
 }
 
 /// Checks `path` against hostPath `kind` (`None` or "" checks nothing), creating it for the
-/// `…OrCreate` types. Symlinks at `path` are followed, as the kubelet follows them.
-pub fn check(volume: &str, path: &Path, kind: Option<&str>) -> Result<(), VolumeError> {
-    let kind = kind.unwrap_or_default();
+/// `…OrCreate` types, and refuses it if it reaches a directory of `forbidden` (before anything
+/// is created, and again once it exists). Symlinks at `path` are followed, as the kubelet
+/// follows them.
+pub fn check(
+    volume: &str,
+    path: &Path,
+    kind: Option<&str>,
+    forbidden: &[PathBuf],
+) -> Result<(), VolumeError> {
     if !path.is_absolute() {
         return Err(VolumeError::BadPath {
             volume: volume.to_owned(),
@@ -75,6 +81,13 @@ pub fn check(volume: &str, path: &Path, kind: Option<&str>) -> Result<(), Volume
             reason: "must be an absolute host path",
         });
     }
+    super::forbidden::check(volume, path, forbidden)?;
+    check_type(volume, path, kind)?;
+    super::forbidden::check(volume, path, forbidden)
+}
+
+fn check_type(volume: &str, path: &Path, kind: Option<&str>) -> Result<(), VolumeError> {
+    let kind = kind.unwrap_or_default();
     let (want, create) = match kind {
         "" => return Ok(()),
         "DirectoryOrCreate" => (Want::Directory, true),
@@ -117,7 +130,7 @@ fn make(volume: &str, path: &Path, want: Want) -> Result<(), VolumeError> {
         match OpenOptions::new().write(true).create_new(true).mode(0o644).open(path) {
             Ok(_) => Ok(()),
             // Someone created it meanwhile; whatever it is, check it as if it had been there.
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => return check(volume, path, Some("File")),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return check_type(volume, path, Some("File")),
             Err(e) => Err(e),
         }
     };
@@ -131,6 +144,7 @@ pub async fn claim_path(
     namespace: &str,
     claim: &str,
     objects: &impl ObjectSource,
+    forbidden: &[PathBuf],
 ) -> Result<PathBuf, VolumeError> {
     let problem = |problem: String| VolumeError::Claim {
         volume: volume.to_owned(),
@@ -167,7 +181,7 @@ pub async fn claim_path(
             "PersistentVolume {pv_name} is not a hostPath or local volume, the only kinds this node can mount"
         ))
     })?;
-    check(volume, &path, kind.as_deref())?;
+    check(volume, &path, kind.as_deref(), forbidden)?;
     Ok(path)
 }
 
@@ -191,7 +205,7 @@ mod tests {
     use super::*;
 
     fn check_type(path: &Path, kind: &str) -> Result<(), VolumeError> {
-        check("v", path, Some(kind))
+        check("v", path, Some(kind), &[])
     }
 
     #[test]
@@ -234,7 +248,7 @@ mod tests {
         let err = check_type(&dir.join("missing"), "File").expect_err("missing");
         assert!(err.to_string().contains("is missing"), "{err}");
         assert!(matches!(check_type(dir, "Folder"), Err(VolumeError::HostPathUnknownType { .. })));
-        assert!(matches!(check("v", Path::new("rel"), None), Err(VolumeError::BadPath { .. })));
+        assert!(matches!(check("v", Path::new("rel"), None, &[]), Err(VolumeError::BadPath { .. })));
 
         // A block device, where the machine has one.
         let block = fs::read_dir("/dev")
@@ -255,20 +269,28 @@ mod tests {
     fn or_create_types_create_what_is_missing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("a/b");
-        check("v", &dir, Some("DirectoryOrCreate")).expect("created");
+        check("v", &dir, Some("DirectoryOrCreate"), &[]).expect("created");
         assert!(dir.is_dir());
         assert_eq!(fs::metadata(&dir).expect("meta").permissions().mode() & 0o777, 0o755);
-        check("v", &dir, Some("DirectoryOrCreate")).expect("exists");
+        check("v", &dir, Some("DirectoryOrCreate"), &[]).expect("exists");
         let file = dir.join("f");
-        check("v", &file, Some("FileOrCreate")).expect("created");
+        check("v", &file, Some("FileOrCreate"), &[]).expect("created");
         assert_eq!(fs::metadata(&file).expect("meta").len(), 0);
         assert_eq!(fs::metadata(&file).expect("meta").permissions().mode() & 0o777, 0o644);
         fs::write(&file, b"data").expect("write");
-        check("v", &file, Some("FileOrCreate")).expect("kept");
+        check("v", &file, Some("FileOrCreate"), &[]).expect("kept");
         assert_eq!(fs::read(&file).expect("read"), b"data", "an existing file is left alone");
-        let err = check("v", &file, Some("DirectoryOrCreate")).expect_err("file in the way");
+        let err = check("v", &file, Some("DirectoryOrCreate"), &[]).expect_err("file in the way");
         assert!(err.to_string().contains("is a file, type DirectoryOrCreate requires a directory"), "{err}");
-        let err = check("v", &tmp.path().join("no/parent"), Some("FileOrCreate")).expect_err("no parent");
+        // Nothing is created under a forbidden directory.
+        let reserved = tmp.path().join("hpk");
+        let err =
+            check("v", &reserved.join("new"), Some("DirectoryOrCreate"), std::slice::from_ref(&reserved))
+                .expect_err("forbidden");
+        assert!(matches!(err, VolumeError::HostPathForbidden { .. }), "{err}");
+        assert!(!reserved.exists(), "refused before anything was made");
+        let err =
+            check("v", &tmp.path().join("no/parent"), Some("FileOrCreate"), &[]).expect_err("no parent");
         assert!(matches!(err, VolumeError::Io { .. }), "{err:?}");
     }
 }

@@ -364,6 +364,39 @@ async fn remove_deletes_everything_but_follows_no_symlink() {
     remove(&pod_dir).expect("removing twice is fine");
 }
 
+#[tokio::test]
+async fn host_paths_into_hpks_directories_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = fs::canonicalize(tmp.path()).expect("canonical");
+    let reserved = base.join("hpk");
+    fs::create_dir_all(reserved.join("shared")).expect("mkdir");
+    std::os::unix::fs::symlink(reserved.join("shared"), base.join("innocent")).expect("link");
+    let context = VolumeContext { forbidden_host_paths: vec![reserved.clone()], ..Default::default() };
+    let objects = FakeObjects::default();
+    objects.add_claim(json!({"metadata": {"name": "data", "namespace": "ns"},
+        "spec": {"volumeName": "pv-hpk"}, "status": {"phase": "Bound"}}));
+    objects.add_volume(json!({"metadata": {"name": "pv-hpk"}, "spec": {"local": {"path": reserved}}}));
+    let cases = [
+        (json!({"name": "h", "hostPath": {"path": reserved.join("shared")}}), "lies inside"),
+        (json!({"name": "h", "hostPath": {"path": base.join("innocent")}}), "lies inside"),
+        (json!({"name": "h", "hostPath": {"path": "/"}}), "contains"),
+        (json!({"name": "h", "persistentVolumeClaim": {"claimName": "data"}}), "lies inside"),
+    ];
+    for (volume, relation) in cases {
+        let pod = pod(json!([volume.clone()]), json!([]));
+        let err =
+            PodVolumes::prepare(&pod, &base.join("pod"), &context, &objects).await.expect_err("refused");
+        let text = err.to_string();
+        assert!(matches!(err, VolumeError::HostPathForbidden { .. }), "{volume}: {text}");
+        assert!(text.contains(relation) && text.contains("keeps for HPK itself"), "{volume}: {text}");
+    }
+    let fine = pod(
+        json!([{"name": "h", "hostPath": {"path": base.join("elsewhere"), "type": "DirectoryOrCreate"}}]),
+        json!([]),
+    );
+    PodVolumes::prepare(&fine, &base.join("pod"), &context, &objects).await.expect("an unrelated path");
+}
+
 fn container(pod: &Pod) -> &Container {
     &pod.spec.as_ref().expect("spec").containers[0]
 }
