@@ -83,8 +83,14 @@ impl ControlPlane {
             .tempdir()
             .map_err(|e| Error::io("create", "temp dir", e))?;
         let service_ip: IpAddr = "10.96.0.1".parse().expect("literal");
-        let pki =
-            ClusterPki::generate(&dir.path().join("pki"), "hpk-test", &[IpAddr::V4(host.ip)], service_ip)?;
+        // A test cluster lives minutes; its certificates a day.
+        let pki = ClusterPki::generate(
+            &dir.path().join("pki"),
+            "hpk-test",
+            &[IpAddr::V4(host.ip)],
+            service_ip,
+            hpk::pki::Validity::for_lifetime(Duration::from_secs(3600)),
+        )?;
         let api_url = format!("https://{}:{API_PORT}", host.ip);
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
         let admin = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
@@ -300,6 +306,11 @@ impl ControlPlane {
     /// Issues a client certificate for node `name` (`system:node:<name>`, `O=system:nodes`) and
     /// writes a kubeconfig with it; returns the kubeconfig's path.
     pub fn node_kubeconfig(&self, name: &str) -> Result<PathBuf> {
+        self.node_credentials(name).map(|(kubeconfig, _)| kubeconfig)
+    }
+
+    /// [`Self::node_kubeconfig`], with the node's client certificate and key.
+    pub fn node_credentials(&self, name: &str) -> Result<(PathBuf, crate::pki::CertFiles)> {
         let files = self.pki.client_cert(
             &format!("node-{name}"),
             &format!("system:node:{name}"),
@@ -313,7 +324,7 @@ impl ControlPlane {
             &format!("system:node:{name}"),
             &files,
         )?;
-        Ok(path)
+        Ok((path, files))
     }
 }
 
@@ -367,7 +378,8 @@ impl ControlPlane {
 impl ControlPlane {
     /// The cluster's cert-signer (`hpk-cert-signer serve` from `rust_bin_dir`) on the
     /// control-plane host, started on first use: it signs kubelet serving certificates with
-    /// the server CA, which the API server's `--kubelet-certificate-authority` trusts.
+    /// the kubelet CA, which the API server's `--kubelet-certificate-authority` trusts (its own TLS
+    /// certificate is from the server CA, which clients pin).
     pub fn cert_signer(&self, rust_bin_dir: &Path) -> Result<CertSigner> {
         self.cert_signer_with_validity(rust_bin_dir, None)
     }
@@ -391,14 +403,16 @@ impl ControlPlane {
             .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
         crate::pki::write_secret(&token_file, &hex::encode(token))?;
         let address_file = d.join("address");
-        let (server_ca, client_ca) = (self.pki.server_ca(), self.pki.client_ca());
+        let (kubelet_ca, client_ca) = (self.pki.kubelet_ca(), self.pki.client_ca());
         let p = |path: &Path| path.display().to_string();
         let mut cmd = self.host.command(rust_bin_dir.join("hpk-cert-signer"));
         cmd.arg("serve")
             .arg(format!("--listen={}:0", self.host.ip))
             .arg(format!("--address-file={}", p(&address_file)))
-            .arg(format!("--serving-ca-cert={}", p(&server_ca.cert)))
-            .arg(format!("--serving-ca-key={}", p(&server_ca.key)))
+            .arg(format!("--tls-cert-file={}", p(&self.pki.cert_signer.cert)))
+            .arg(format!("--tls-private-key-file={}", p(&self.pki.cert_signer.key)))
+            .arg(format!("--serving-ca-cert={}", p(&kubelet_ca.cert)))
+            .arg(format!("--serving-ca-key={}", p(&kubelet_ca.key)))
             .arg(format!("--client-ca-cert={}", p(&client_ca.cert)))
             .arg(format!("--client-ca-key={}", p(&client_ca.key)))
             .arg(format!("--token-file={}", p(&token_file)))
@@ -420,7 +434,7 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let signer = CertSigner { address_file, ca: server_ca.cert.clone(), token_file };
+        let signer = CertSigner { address_file, ca: self.pki.server_ca().cert.clone(), token_file };
         *slot = Some((process, signer.clone()));
         Ok(signer)
     }

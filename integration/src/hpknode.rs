@@ -92,7 +92,7 @@ impl HpkNode {
         };
         mkdir(dir.join("nf"))?;
         mkdir(dir.join("runtime"))?;
-        let kubeconfig = cp.node_kubeconfig(name)?;
+        let (kubeconfig, node_client) = cp.node_credentials(name)?;
         let nf_socket = dir.join("nf/run/nf.sock");
         let mut nf = host.command(options.bin_dir.join("hpk-net-forwarder"));
         nf.arg("serve")
@@ -131,6 +131,8 @@ impl HpkNode {
             format!("--cert-signer-address-file={}", signer.address_file.display()),
             format!("--cert-signer-ca={}", signer.ca.display()),
             format!("--node-token-file={}", signer.token_file.display()),
+            format!("--cert-signer-client-cert={}", node_client.cert.display()),
+            format!("--cert-signer-client-key={}", node_client.key.display()),
             format!("--client-ca-file={}", cp.pki().client_ca().cert.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--node-name={name}"),

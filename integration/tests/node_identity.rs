@@ -36,6 +36,8 @@ async fn a_signed_client_certificate_acts_as_its_node_and_only_that_node() {
         listen: "127.0.0.1:0".parse().expect("addr"),
         address_file: Some(address_file.clone()),
         advertise: None,
+        tls_cert_file: None,
+        tls_private_key_file: None,
         serving_ca_cert: pki.server_ca().cert.clone(),
         serving_ca_key: pki.server_ca().key.clone(),
         client_ca_cert: pki.client_ca().cert.clone(),
@@ -43,6 +45,7 @@ async fn a_signed_client_certificate_acts_as_its_node_and_only_that_node() {
         token_file,
         shared_dir: Some(dir.path().join("shared")),
         max_validity: Duration::from_secs(3600),
+        enrolled_file: None,
         cluster_domain: "cluster.local".into(),
         apiserver_sans: vec![],
     };

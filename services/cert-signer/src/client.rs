@@ -76,13 +76,47 @@ impl Credentials {
 #[derive(Clone)]
 pub struct SignerClient {
     inner: CertSignerClient<InterceptedService<Channel, AttachToken>>,
+    /// Where and how it connected, to connect again as a node.
+    url: String,
+    ca_pem: Vec<u8>,
+    token: String,
+    server_name: Option<String>,
 }
 
 impl SignerClient {
     /// Connects to `url` over TLS, trusting only `ca_pem`.
     pub async fn connect(url: &str, ca_pem: &[u8], token: &str, server_name: Option<&str>) -> Result<Self> {
-        let channel = hpk_rpc::connect::tls(url, ca_pem, server_name).await?;
-        Ok(Self { inner: CertSignerClient::with_interceptor(channel, AttachToken::new(token)?) })
+        Self::connect_as(url, ca_pem, token, server_name, None).await
+    }
+
+    /// [`SignerClient::connect`], presenting the node's current client certificate
+    /// `(certificate PEM, key PEM)` where given: renewals of a node that has certificates
+    /// need it.
+    pub async fn connect_as(
+        url: &str,
+        ca_pem: &[u8],
+        token: &str,
+        server_name: Option<&str>,
+        identity: Option<(&[u8], &[u8])>,
+    ) -> Result<Self> {
+        let channel = match identity {
+            Some((cert, key)) => hpk_rpc::connect::mutual_tls(url, ca_pem, cert, key, server_name).await?,
+            None => hpk_rpc::connect::tls(url, ca_pem, server_name).await?,
+        };
+        Ok(Self {
+            inner: CertSignerClient::with_interceptor(channel, AttachToken::new(token)?),
+            url: url.to_owned(),
+            ca_pem: ca_pem.to_owned(),
+            token: token.to_owned(),
+            server_name: server_name.map(str::to_owned),
+        })
+    }
+
+    /// The same signer, connected again presenting `creds` (a node's client certificate).
+    pub async fn as_node(&self, creds: &Credentials) -> Result<Self> {
+        let identity = (creds.chain_pem.as_bytes(), creds.key_pem.as_bytes());
+        Self::connect_as(&self.url, &self.ca_pem, &self.token, self.server_name.as_deref(), Some(identity))
+            .await
     }
 
     /// Generates a fresh key, sends a CSR for it, and checks the answer belongs to that key.
@@ -134,7 +168,10 @@ fn check_leaf(chain_pem: &str, key: &KeyPair) -> Result<SystemTime> {
 
 /// Keeps `current` renewed until `shutdown`: at [`Credentials::renew_at`] requests a new
 /// certificate for a new key, writes it to `paths` (if given), and publishes it on `updates`.
-/// Failed attempts are retried with backoff; an expiring certificate is logged loudly.
+/// Failed attempts are retried with backoff; an expiring certificate is logged loudly. A
+/// client certificate is renewed presenting the current one (the token enrols a node once);
+/// a serving certificate is renewed over `client`, which must present the node's client
+/// certificate.
 pub async fn keep_renewed(
     mut client: SignerClient,
     request: CertRequest,
@@ -151,6 +188,14 @@ pub async fn keep_renewed(
         }
         let mut retry = Duration::from_secs(1);
         current = loop {
+            if request.profile == Profile::Client {
+                match client.as_node(&current).await {
+                    Ok(as_node) => client = as_node,
+                    Err(err) => {
+                        warn!(node = %request.node_name, error = %err, "reconnecting with the current certificate failed")
+                    }
+                }
+            }
             let attempt = client.request(&request).await.and_then(|creds| {
                 if let Some((cert, key)) = &paths {
                     creds.write(cert, key)?;

@@ -20,8 +20,15 @@ pub struct ServeArgs {
     /// wildcard address or clients use another name.
     #[arg(long, env = "HPK_CERT_SIGNER_ADVERTISE")]
     pub advertise: Option<String>,
-    /// CA certificate the API server uses to verify kubelets (K3s: server-ca.crt). Also signs
-    /// the signer's own TLS certificate, so clients pin this one CA.
+    /// The signer's own TLS certificate chain (PEM), from a CA clients pin that issues no
+    /// kubelet certificate (HPK: the server CA). Without it, the serving CA signs one.
+    #[arg(long, env = "HPK_CERT_SIGNER_TLS_CERT", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file; must be 0600 and off the shared filesystem.
+    #[arg(long, env = "HPK_CERT_SIGNER_TLS_KEY", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA certificate the API server uses to verify kubelets (HPK: the kubelet CA). Without
+    /// --tls-cert-file it also signs the signer's own TLS certificate.
     #[arg(long, env = "HPK_SERVING_CA_CERT")]
     pub serving_ca_cert: PathBuf,
     /// Private key of the serving CA; must be 0600 and off the shared filesystem.
@@ -42,6 +49,10 @@ pub struct ServeArgs {
     /// Longest validity of an issued certificate, e.g. 7d, 12h, 30s.
     #[arg(long, env = "HPK_CERT_MAX_VALIDITY", default_value = "7d", value_parser = parse_duration)]
     pub max_validity: Duration,
+    /// Where to keep the record of enrolled nodes (0600, node-local), so that a restarted
+    /// signer still refuses the token a second certificate for a node [default: memory only].
+    #[arg(long, env = "HPK_CERT_SIGNER_ENROLLED_FILE")]
+    pub enrolled_file: Option<PathBuf>,
     /// The cluster's DNS domain; kubernetes.default.svc.<domain> is never issued to a node.
     #[arg(long, env = "HPK_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
@@ -87,6 +98,13 @@ pub struct RequestArgs {
     /// The shared directory the key must not be written under [default: $HOME/.hpk].
     #[arg(long, env = "HPK_SHARED_DIR")]
     pub shared_dir: Option<PathBuf>,
+    /// The node's current client certificate (PEM), presented to the signer: needed for a
+    /// node that already has a certificate of this profile. Used only if it exists.
+    #[arg(long, requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The key of --client-cert.
+    #[arg(long, requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
     /// Keep running and renew the certificate at two thirds of its lifetime.
     #[arg(long)]
     pub renew: bool,

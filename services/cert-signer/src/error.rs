@@ -140,6 +140,28 @@ pub enum Error {
         oid: String,
     },
 
+    /// The node already has a certificate (`profile`: one it has), and the request presents
+    /// only the token (review H3: a leaked token must not yield another node's identity).
+    #[error(
+        "node {node} already has a {profile} certificate: any further request for it must present the node's current client certificate (system:node:{node}); the token alone enrols a node once"
+    )]
+    AlreadyEnrolled {
+        /// The node.
+        node: String,
+        /// The profile asked for.
+        profile: Profile,
+    },
+    /// The caller's certificate names another node.
+    #[error(
+        "the client certificate is node {caller}'s; it obtains certificates for {caller} only, not for {node}"
+    )]
+    OtherNode {
+        /// The node the certificate names.
+        caller: String,
+        /// The node asked for.
+        node: String,
+    },
+
     // ---- signing ----
     /// The CA can no longer issue (expired).
     #[error("the {profile} CA expired; no certificate can be issued")]
@@ -208,7 +230,9 @@ impl From<Error> for tonic::Status {
             | Error::TooManySans { .. }
             | Error::CaRequested
             | Error::UsageNotAllowed { .. }
-            | Error::ExtensionNotAllowed { .. } => Code::PermissionDenied,
+            | Error::ExtensionNotAllowed { .. }
+            | Error::AlreadyEnrolled { .. }
+            | Error::OtherNode { .. } => Code::PermissionDenied,
             Error::CaExpired { .. } => Code::FailedPrecondition,
             Error::Refused(status) => status.code(),
             Error::File { .. }

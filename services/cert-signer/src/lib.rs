@@ -8,6 +8,7 @@
 pub mod ca;
 pub mod client;
 pub mod config;
+pub mod enroll;
 mod error;
 pub mod files;
 pub mod policy;
@@ -20,7 +21,7 @@ pub use error::{Error, Result};
 pub use server::run;
 
 /// Which kind of certificate a request is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Profile {
     /// The kubelet API's TLS serving certificate (serverAuth, node SANs).
     Serving,
@@ -53,8 +54,22 @@ pub async fn request(args: config::RequestArgs, shutdown: tokio_util::sync::Canc
     let token = token::load(&args.token_file)?;
     let request = client::CertRequest { node_name: args.node_name, profile: args.profile, sans: args.sans };
     policy::check_node_name(&request.node_name)?;
-    let mut signer =
-        client::SignerClient::connect(&url, &ca_pem, &token, args.server_name.as_deref()).await?;
+    // The node's current certificate, if it has one: read before the new one replaces it.
+    let identity = match (&args.client_cert, &args.client_key) {
+        (Some(cert), Some(key)) if cert.is_file() && key.is_file() => Some((
+            std::fs::read(cert).map_err(|e| Error::file("read", cert, e))?,
+            secrets::read_private(key)?,
+        )),
+        _ => None,
+    };
+    let mut signer = client::SignerClient::connect_as(
+        &url,
+        &ca_pem,
+        &token,
+        args.server_name.as_deref(),
+        identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+    )
+    .await?;
     let creds = signer.request(&request).await?;
     creds.write(&args.cert_out, &args.key_out)?;
     tracing::info!(serial = %creds.serial, cert = %args.cert_out.display(), "certificate written");

@@ -2,7 +2,7 @@
 //!
 //! A request passes only if its CSR parses, its signature verifies with its own key, its subject
 //! is exactly the node's identity, every SAN is an IP address or a plain DNS name that is not one
-//! of the API server's own names, and it asks for nothing a node certificate must not have (a CA
+//! of the API server's own names, nor loopback, unspecified or localhost, and it asks for nothing a node certificate must not have (a CA
 //! bit, signing other certificates, usages outside the profile, unknown extensions).
 
 use std::collections::BTreeSet;
@@ -212,9 +212,26 @@ impl Policy {
                 });
             }
         };
+        // Loopback, the unspecified address and localhost name every host: a certificate for
+        // them would pass as any local service, the API server's loopback port first (H3).
+        let everyone = match &san {
+            San::Dns(dns) => {
+                dns == "localhost" || dns.ends_with(".localhost") || dns == "localhost.localdomain"
+            }
+            San::Ip(ip) => {
+                let ip = ip.to_canonical();
+                ip.is_loopback() || ip.is_unspecified()
+            }
+        };
+        if everyone {
+            return Err(Error::ForbiddenSan {
+                san: san.to_string(),
+                reason: "loopback, unspecified addresses and localhost name every host",
+            });
+        }
         let forbidden = match &san {
             San::Dns(dns) => self.forbidden_names.contains(dns) || dns.starts_with(&self.forbidden_suffix),
-            San::Ip(ip) => self.forbidden_ips.contains(ip),
+            San::Ip(ip) => self.forbidden_ips.contains(&ip.to_canonical()) || self.forbidden_ips.contains(ip),
         };
         if forbidden {
             return Err(Error::ForbiddenSan { san: san.to_string(), reason: "it names the API server" });

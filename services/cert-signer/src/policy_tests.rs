@@ -165,3 +165,27 @@ fn rsa_keys_below_2048_bits_are_refused_and_2048_accepted() {
         .expect("2048");
     assert!(approved.rsa);
 }
+
+#[test]
+fn loopback_unspecified_and_localhost_are_denied_in_every_form() {
+    for san in [
+        "localhost",
+        "LOCALHOST",
+        "a.localhost",
+        "localhost.localdomain",
+        "127.0.0.1",
+        "127.8.9.10",
+        "::1",
+        "0.0.0.0",
+        "::",
+        "::ffff:127.0.0.1",
+    ] {
+        let err = policy().check(Profile::Serving, "n1", &csr(&node_params("n1", &[san]))).expect_err(san);
+        assert!(
+            matches!(&err, Error::ForbiddenSan { reason, .. } if reason.contains("loopback")),
+            "{san}: {err}"
+        );
+    }
+    // A node's own address and name still pass.
+    policy().check(Profile::Serving, "n1", &csr(&node_params("n1", &["n1", "10.1.2.3"]))).expect("approved");
+}

@@ -31,11 +31,30 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     let policy = Policy::new(&args.cluster_domain, &args.apiserver_sans);
 
     let host = advertised_host(&args)?;
-    let own_key = rcgen::KeyPair::generate()?;
-    let own_cert =
-        serving.issue_server(&own_key, "hpk-cert-signer", &[host.parse::<San>()?], OWN_CERT_VALIDITY)?;
+    let (own_chain, own_key) = match (&args.tls_cert_file, &args.tls_private_key_file) {
+        (Some(cert), Some(key)) => {
+            crate::secrets::ensure_not_shared(key, &shared)?;
+            let key_pem = crate::secrets::read_private(key)?;
+            let chain = std::fs::read(cert).map_err(|e| Error::file("read", cert, e))?;
+            (chain, key_pem)
+        }
+        _ => {
+            let own_key = rcgen::KeyPair::generate()?;
+            let own_cert = serving.issue_server(
+                &own_key,
+                "hpk-cert-signer",
+                &[host.parse::<San>()?],
+                OWN_CERT_VALIDITY,
+            )?;
+            (own_cert.chain_pem.into_bytes(), own_key.serialize_pem().into_bytes())
+        }
+    };
+    // A node may present its client certificate (renewals must): verified against the client CA.
+    let client_ca_pem =
+        std::fs::read(&args.client_ca_cert).map_err(|e| Error::file("read", &args.client_ca_cert, e))?;
     let listener =
-        Listener::tls(args.listen, own_cert.chain_pem.as_bytes(), own_key.serialize_pem().as_bytes()).await?;
+        Listener::tls_with_optional_client_ca(args.listen, &own_chain, &own_key, &client_ca_pem).await?;
+    let enrolment = crate::enroll::Enrolment::load(args.enrolled_file.as_deref())?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(args.listen.port());
     let url = format!("https://{}:{port}", bracket_ipv6(&host));
     if let Some(path) = &args.address_file {
@@ -43,7 +62,8 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     }
     info!(%url, max_validity_s = args.max_validity.as_secs(), "cert-signer ready");
 
-    let signer = Service(Arc::new(Signer { policy, serving, client, max_validity: args.max_validity }));
+    let signer =
+        Service(Arc::new(Signer { policy, serving, client, max_validity: args.max_validity, enrolment }));
     let grpc = CertSignerServer::new(signer).max_decoding_message_size(MAX_REQUEST_BYTES);
     let services = Services::new()
         .with(InterceptedService::new(grpc, RequireToken::new(&token)))

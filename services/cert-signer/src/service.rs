@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::ca::{Authority, Issued};
+use crate::enroll::{Caller, Enrolment};
 use crate::policy::Policy;
 use crate::{Profile, Result};
 
@@ -25,17 +26,28 @@ pub struct Signer {
     pub client: Authority,
     /// Longest validity of an issued certificate.
     pub max_validity: Duration,
+    /// Which nodes have certificates; who may ask for more.
+    pub enrolment: Enrolment,
 }
 
 impl Signer {
     /// Checks and signs one request, logging the decision.
-    pub fn sign(&self, profile: Profile, node: &str, csr_pem: &str, peer: &str) -> Result<Issued> {
+    pub fn sign(
+        &self,
+        caller: &Caller,
+        profile: Profile,
+        node: &str,
+        csr_pem: &str,
+        peer: &str,
+    ) -> Result<Issued> {
         let authority = match profile {
             Profile::Serving => &self.serving,
             Profile::Client => &self.client,
         };
         let result = self.policy.check(profile, node, csr_pem).and_then(|approved| {
-            let issued = authority.issue(&approved, self.max_validity)?;
+            let issued = self
+                .enrolment
+                .admit(caller, profile, node, || authority.issue(&approved, self.max_validity))?;
             let sans: Vec<String> = approved.sans.iter().map(ToString::to_string).collect();
             info!(
                 node, %profile, peer, sans = %sans.join(","), serial = %issued.serial,
@@ -61,8 +73,13 @@ impl Service {
         request: Request<SignRequest>,
     ) -> Result<Response<SignResponse>, Status> {
         let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+        // The TLS handshake verified any client certificate against the client CA.
+        let caller = request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|der| Caller::from_certificate(der)))
+            .unwrap_or(Caller::Token);
         let SignRequest { node_name, csr_pem } = request.into_inner();
-        let issued = self.0.sign(profile, &node_name, &csr_pem, &peer)?;
+        let issued = self.0.sign(&caller, profile, &node_name, &csr_pem, &peer)?;
         Ok(Response::new(SignResponse {
             certificate_chain_pem: issued.chain_pem,
             ca_pem: issued.ca_pem,

@@ -93,8 +93,9 @@ fn renews_a_short_lived_certificate_before_it_expires() {
     let node_dir = pki.dir.path().join("node-local");
     std::fs::create_dir(&node_dir).expect("mkdir");
     let (cert, key) = (node_dir.join("kubelet.crt"), node_dir.join("kubelet.key"));
-    let mut renewer = Command::new(BIN)
-        .args(["request", "--renew", "--node-name=n1", "--san=n1", "--san=127.0.0.1"])
+    let renewer = Command::new(BIN)
+        // A client certificate: each renewal presents the current one (the token enrols once).
+        .args(["request", "--renew", "--node-name=n1", "--profile=client"])
         .arg(format!("--server-file={}", pki.address_file().display()))
         .arg(format!("--ca-cert={}", pki.serving_ca_cert.display()))
         .arg(format!("--token-file={}", pki.token_file.display()))
@@ -102,8 +103,17 @@ fn renews_a_short_lived_certificate_before_it_expires() {
         .arg(format!("--cert-out={}", cert.display()))
         .arg(format!("--key-out={}", key.display()))
         .stderr(Stdio::null())
+        .stdout(Stdio::null())
         .spawn()
         .expect("spawn renewer");
+    // Stopped however the test ends: a renewer left behind would hold the test's output open.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            support::terminate(&mut self.0);
+        }
+    }
+    let _renewer = Stop(renewer);
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let first = loop {
@@ -132,7 +142,6 @@ fn renews_a_short_lived_certificate_before_it_expires() {
     assert!(i64::try_from(renewed_at).expect("fits") <= first.1, "renewed after expiry");
     assert!(renewed.1 > first.1, "the new certificate lives longer");
     assert_ne!(std::fs::read(&key).expect("key"), first_key, "renewal uses a fresh key");
-    support::terminate(&mut renewer);
 }
 
 /// Finds a tool on PATH. When HPK_REQUIRE_TOOLS=1 (the README's test command sets it) a

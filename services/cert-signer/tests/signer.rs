@@ -135,7 +135,7 @@ async fn each_bad_request_gets_its_code_and_the_server_keeps_serving() {
         ),
         ("10 MB request", Some(TOKEN), req("n1", &"A".repeat(10 * 1024 * 1024)), tonic::Code::OutOfRange),
     ];
-    for (name, token, request, code) in cases {
+    for (i, (name, token, request, code)) in cases.into_iter().enumerate() {
         let mut client = CertSignerClient::new(channel.clone()).max_encoding_message_size(64 * 1024 * 1024);
         let mut request = tonic::Request::new(request);
         if let Some(token) = token {
@@ -147,8 +147,10 @@ async fn each_bad_request_gets_its_code_and_the_server_keeps_serving() {
         assert_eq!(status.code(), code, "{name}: {}", status.message());
         assert!(!status.message().is_empty(), "{name}: the message must say what is wrong");
 
-        // The next good request on a fresh connection still succeeds.
-        let creds = signer.client().await.request(&serving_request("n1", &["n1"])).await;
+        // The next good request on a fresh connection still succeeds (for a node of its own:
+        // the token enrols each name once).
+        let node = format!("ok{i}");
+        let creds = signer.client().await.request(&serving_request(&node, &[&node])).await;
         assert!(creds.is_ok(), "after {name}: {:?}", creds.err());
     }
     // Every decision is in the log, with the verdict.
@@ -209,4 +211,40 @@ async fn tls_roundtrip(addr: std::net::SocketAddr, ca_pem: &str, name: &str) -> 
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut buf)).await??;
     Ok(buf)
+}
+
+/// Review H3: the token enrols a node once; after that only the node's current client
+/// certificate, verified in the TLS handshake, gets it more, and only for its own name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_enrols_a_node_once_and_its_certificate_renews_it() {
+    init_crypto();
+    let pki = Pki::new();
+    let signer = Signer::start(&pki, &[]);
+    let client_request =
+        |node: &str| CertRequest { node_name: node.into(), profile: Profile::Client, sans: vec![] };
+    let first = signer.client().await.request(&client_request("n1")).await.expect("enrolment");
+
+    // The token alone, again, for either profile: refused.
+    for request in [client_request("n1"), serving_request("n1", &["n1"])] {
+        let refused =
+            signer.client().await.request(&request).await.expect_err("the token enrolled n1 already");
+        assert!(
+            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("already has")),
+            "{refused}"
+        );
+    }
+    // With n1's certificate: both profiles, again and again.
+    let as_n1 = signer.client().await.as_node(&first).await.expect("connect as n1");
+    let renewed = as_n1.clone().request(&client_request("n1")).await.expect("client renewal");
+    as_n1.clone().request(&serving_request("n1", &["n1"])).await.expect("serving certificate");
+    let as_renewed = as_n1.as_node(&renewed).await.expect("connect with the renewed certificate");
+    as_renewed.clone().request(&client_request("n1")).await.expect("renewal with the renewed certificate");
+    // Not for another node, whether or not it has enrolled.
+    for other in ["n2", "n1x"] {
+        let refused = as_renewed.clone().request(&client_request(other)).await.expect_err("another node");
+        assert!(
+            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("n1's")),
+            "{refused}"
+        );
+    }
 }

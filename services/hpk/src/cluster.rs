@@ -196,3 +196,69 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     drop(file);
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", path.display(), e))
 }
+
+/// A cluster's lifetime when nothing bounds it (`hpk up`): certificates are made for this.
+pub const DEFAULT_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// Parses a lifetime: `<number><unit>`, unit s, m, h or d (`90m`, `12h`, `30d`).
+pub fn parse_lifetime(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| format!("{text:?}: expected a number and a unit, e.g. 12h"))?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
+    };
+    match n.checked_mul(scale) {
+        Some(0) => Err(format!("{text:?}: a lifetime must be longer than nothing")),
+        Some(secs) if secs <= 10 * 365 * 86_400 => Ok(std::time::Duration::from_secs(secs)),
+        _ => Err(format!("{text:?}: longer than ten years")),
+    }
+}
+
+/// The time a Slurm job has left, from squeue's `%L` (`[days-]hours:minutes:seconds`,
+/// `minutes:seconds`); `None` for UNLIMITED, NOT_SET and anything unreadable.
+pub fn parse_slurm_time_left(text: &str) -> Option<std::time::Duration> {
+    let text = text.trim();
+    let (days, rest) = match text.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().ok()?, rest),
+        None => (0, text),
+    };
+    let parts: Vec<u64> = rest.split(':').map(str::parse).collect::<std::result::Result<_, _>>().ok()?;
+    let (h, m, s) = match parts[..] {
+        [h, m, s] => (h, m, s),
+        [m, s] if days == 0 => (0, m, s),
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(((days * 24 + h) * 60 + m) * 60 + s))
+}
+
+#[cfg(test)]
+mod lifetime_tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn lifetimes_parse_with_a_unit_and_nothing_else() {
+        assert_eq!(parse_lifetime("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_lifetime("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        for bad in ["", "12", "h", "0s", "12x", "-1h", "99999d"] {
+            assert!(parse_lifetime(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn slurm_time_left_reads_every_form_squeue_prints() {
+        assert_eq!(parse_slurm_time_left("1-02:03:04"), Some(Duration::from_secs(93_784)));
+        assert_eq!(parse_slurm_time_left("02:03:04"), Some(Duration::from_secs(7384)));
+        assert_eq!(parse_slurm_time_left("03:04"), Some(Duration::from_secs(184)));
+        for none in ["UNLIMITED", "NOT_SET", "INVALID", ""] {
+            assert_eq!(parse_slurm_time_left(none), None, "{none:?}");
+        }
+    }
+}

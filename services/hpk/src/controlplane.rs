@@ -13,7 +13,7 @@ fn p(path: &Path) -> String {
 
 /// kube-apiserver on etcd at 127.0.0.1:2379, listening on `bind`:`port`, advertising
 /// `advertise` (the `kubernetes` Service's endpoint), authenticating with the cluster's PKI,
-/// authorizing with Node and RBAC, verifying kubelets against the server CA, with the
+/// authorizing with Node and RBAC, verifying kubelets against the kubelet CA, with the
 /// aggregation layer's request-header CA and front-proxy client.
 pub fn apiserver_args(
     pki: &ClusterPki,
@@ -39,7 +39,9 @@ pub fn apiserver_args(
         "--enable-admission-plugins=NodeRestriction".into(),
         format!("--kubelet-client-certificate={}", p(&pki.apiserver_kubelet_client.cert)),
         format!("--kubelet-client-key={}", p(&pki.apiserver_kubelet_client.key)),
-        format!("--kubelet-certificate-authority={}", p(&pki.server_ca().cert)),
+        // Kubelets are verified with their own CA: no kubelet certificate passes as the API
+        // server, whose certificate is from the server CA (review H3).
+        format!("--kubelet-certificate-authority={}", p(&pki.kubelet_ca().cert)),
         "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         // The aggregation layer (metrics-server behind metrics.k8s.io): requests proxied with
         // the front-proxy client certificate.
@@ -79,8 +81,8 @@ pub fn controller_manager_args(
         format!("--cluster-cidr={CLUSTER_CIDR}"),
         "--node-cidr-mask-size=24".into(),
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-        format!("--cluster-signing-kubelet-serving-cert-file={}", p(&server_ca.cert)),
-        format!("--cluster-signing-kubelet-serving-key-file={}", p(&server_ca.key)),
+        format!("--cluster-signing-kubelet-serving-cert-file={}", p(&pki.kubelet_ca().cert)),
+        format!("--cluster-signing-kubelet-serving-key-file={}", p(&pki.kubelet_ca().key)),
         format!("--cluster-signing-kubelet-client-cert-file={}", p(&client_ca.cert)),
         format!("--cluster-signing-kubelet-client-key-file={}", p(&client_ca.key)),
         format!("--cluster-signing-kube-apiserver-client-cert-file={}", p(&client_ca.cert)),

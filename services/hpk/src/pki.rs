@@ -1,10 +1,14 @@
-//! A cluster's certificates, laid out as K3s does: a server CA (API server and kubelet serving
-//! certificates), a client CA (every client identity), a request-header CA for the aggregation
-//! layer, and a service-account key pair. Used by the controller bubble and by the test harness.
+//! A cluster's certificates, laid out much as K3s does: a server CA (the API server's and the
+//! cert-signer's serving certificates only), a kubelet CA (kubelet serving certificates, which
+//! the API server verifies kubelets with: no node certificate can pass as the API server,
+//! review H3), a client CA (every client identity), a request-header CA for the aggregation
+//! layer, and a service-account key pair. Every certificate is valid from an hour before it is
+//! made until a day after the cluster's lifetime ends (review L1). Used by the controller bubble.
 
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -26,15 +30,38 @@ pub struct CertFiles {
 struct Ca {
     issuer: Issuer<'static, KeyPair>,
     files: CertFiles,
+    validity: Validity,
+}
+
+/// From an hour ago (clocks of a cluster's nodes differ a little) to a day past the cluster's end.
+#[derive(Clone, Copy, Debug)]
+pub struct Validity {
+    /// Start.
+    pub not_before: time::OffsetDateTime,
+    /// End.
+    pub not_after: time::OffsetDateTime,
+}
+
+impl Validity {
+    /// For a cluster that lives `lifetime` from now.
+    pub fn for_lifetime(lifetime: Duration) -> Self {
+        let now = time::OffsetDateTime::now_utc();
+        let margin = Duration::from_secs(86_400);
+        Self { not_before: now - Duration::from_secs(3600), not_after: now + lifetime + margin }
+    }
 }
 
 /// The cluster PKI, written under one directory.
 pub struct ClusterPki {
     dir: PathBuf,
     server_ca: Ca,
+    kubelet_ca: Ca,
     client_ca: Ca,
     /// The API server's serving certificate.
     pub apiserver: CertFiles,
+    /// The cert-signer's serving certificate, from the server CA like the API server's: nodes
+    /// pin the server CA for it, and no kubelet certificate can pass for it.
+    pub cert_signer: CertFiles,
     /// The API server's client certificate toward kubelets.
     pub apiserver_kubelet_client: CertFiles,
     /// The CA extension API servers (metrics-server) trust for the API server's proxied
@@ -52,12 +79,20 @@ impl ClusterPki {
     /// Generates the PKI in `dir`; the API server's certificate names `apiserver_ips` plus the
     /// in-cluster names and `service_ip`.
     /// The CAs' common names start with `prefix` (e.g. `hpk-test`).
-    pub fn generate(dir: &Path, prefix: &str, apiserver_ips: &[IpAddr], service_ip: IpAddr) -> Result<Self> {
+    /// Every certificate is valid for `validity`; the cert-signer's names `apiserver_ips`.
+    pub fn generate(
+        dir: &Path,
+        prefix: &str,
+        apiserver_ips: &[IpAddr],
+        service_ip: IpAddr,
+        validity: Validity,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::io("chmod", dir.display(), e))?;
-        let server_ca = Ca::new(dir, "server-ca", &format!("{prefix}-server-ca"))?;
-        let client_ca = Ca::new(dir, "client-ca", &format!("{prefix}-client-ca"))?;
+        let server_ca = Ca::new(dir, "server-ca", &format!("{prefix}-server-ca"), validity)?;
+        let kubelet_ca = Ca::new(dir, "kubelet-ca", &format!("{prefix}-kubelet-ca"), validity)?;
+        let client_ca = Ca::new(dir, "client-ca", &format!("{prefix}-client-ca"), validity)?;
         let mut sans: Vec<SanType> = [
             "kubernetes",
             "kubernetes.default",
@@ -83,6 +118,14 @@ impl ClusterPki {
             sans,
             ExtendedKeyUsagePurpose::ServerAuth,
         )?;
+        let cert_signer = server_ca.sign(
+            dir,
+            "cert-signer",
+            "hpk-cert-signer",
+            &[],
+            apiserver_ips.iter().copied().map(SanType::IpAddress).collect(),
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
         let apiserver_kubelet_client = client_ca.sign(
             dir,
             "apiserver-kubelet-client",
@@ -91,7 +134,8 @@ impl ClusterPki {
             vec![],
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
-        let request_header = Ca::new(dir, "request-header-ca", &format!("{prefix}-request-header-ca"))?;
+        let request_header =
+            Ca::new(dir, "request-header-ca", &format!("{prefix}-request-header-ca"), validity)?;
         let front_proxy_client = request_header.sign(
             dir,
             "front-proxy-client",
@@ -108,8 +152,10 @@ impl ClusterPki {
         Ok(Self {
             dir: dir.to_owned(),
             server_ca,
+            kubelet_ca,
             client_ca,
             apiserver,
+            cert_signer,
             apiserver_kubelet_client,
             request_header_ca: request_header.files,
             front_proxy_client,
@@ -118,9 +164,15 @@ impl ClusterPki {
         })
     }
 
-    /// The server CA (verifies the API server and kubelets; K3s `server-ca`).
+    /// The server CA (verifies the API server and the cert-signer; K3s `server-ca`).
     pub fn server_ca(&self) -> &CertFiles {
         &self.server_ca.files
+    }
+
+    /// The kubelet CA: kubelet serving certificates, from the cert-signer; the API server
+    /// verifies kubelets with it.
+    pub fn kubelet_ca(&self) -> &CertFiles {
+        &self.kubelet_ca.files
     }
 
     /// The client CA (verifies every client identity; K3s `client-ca`).
@@ -137,17 +189,24 @@ impl ClusterPki {
 /// A runtime bubble's own TLS (connector mode): a CA made for it, and the runtime's serving
 /// certificate from that CA for `addresses`. Keys 0600 in `dir`, which must be node-local.
 /// The kubelet trusts the CA's certificate (`runtime-ca.crt`); returns (CA, serving).
-pub fn runtime_tls(dir: &Path, name: &str, addresses: &[IpAddr]) -> Result<(CertFiles, CertFiles)> {
-    let ca = Ca::new(dir, "runtime-ca", &format!("{name}-runtime-ca"))?;
+pub fn runtime_tls(
+    dir: &Path,
+    name: &str,
+    addresses: &[IpAddr],
+    validity: Validity,
+) -> Result<(CertFiles, CertFiles)> {
+    let ca = Ca::new(dir, "runtime-ca", &format!("{name}-runtime-ca"), validity)?;
     let sans = addresses.iter().copied().map(SanType::IpAddress).collect();
     let serving = ca.sign(dir, "runtime", name, &[], sans, ExtendedKeyUsagePurpose::ServerAuth)?;
     Ok((ca.files, serving))
 }
 
 impl Ca {
-    fn new(dir: &Path, file: &str, cn: &str) -> Result<Self> {
+    fn new(dir: &Path, file: &str, cn: &str, validity: Validity) -> Result<Self> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
+        params.not_before = validity.not_before;
+        params.not_after = validity.not_after;
         params.distinguished_name.push(DnType::CommonName, cn);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages =
@@ -156,7 +215,7 @@ impl Ca {
         let files = CertFiles { cert: dir.join(format!("{file}.crt")), key: dir.join(format!("{file}.key")) };
         write(&files.cert, &cert.pem(), 0o644)?;
         write(&files.key, &key.serialize_pem(), 0o600)?;
-        Ok(Self { issuer: Issuer::new(params, key), files })
+        Ok(Self { issuer: Issuer::new(params, key), files, validity })
     }
 
     fn sign(
@@ -170,6 +229,8 @@ impl Ca {
     ) -> Result<CertFiles> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
+        params.not_before = self.validity.not_before;
+        params.not_after = self.validity.not_after;
         params.distinguished_name.push(DnType::CommonName, cn);
         for org in orgs {
             params.distinguished_name.push(DnType::OrganizationName, *org);

@@ -249,10 +249,15 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("watch", "SIGTERM", e))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("watch", "SIGINT", e))?;
 
+    // Certificates live as long as the job may (review L1).
+    let mut options = args.options.clone();
+    if options.lifetime.is_none() {
+        options.lifetime = time_left(&env).await;
+    }
     step("checking every node's prerequisites");
     let mut preflight = srun(&env, "hpk-preflight");
     preflight.arg(&exe).args(["slurm", "preflight", "--image"]).arg(&args.image);
-    preflight.args(args.options.to_args());
+    preflight.args(options.to_args());
     let status = tokio::select! {
         s = preflight.status() => s.map_err(|e| Error::io("run", "srun (the preflight step)", e))?,
         _ = term.recv() => return Ok(143),
@@ -272,7 +277,7 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     let mut bubbles = srun(&env, BUBBLES_STEP);
     // A node that fails later is a node failure of the cluster, not the end of the others.
     bubbles.arg("--kill-on-bad-exit=0").arg(&exe).args(["slurm", "node", "--image"]).arg(&args.image);
-    bubbles.args(args.options.to_args());
+    bubbles.args(options.to_args());
     let mut step_child = bubbles.spawn().map_err(|e| Error::io("start", "srun (the bubbles' step)", e))?;
 
     let ready = tokio::select! {
@@ -490,6 +495,20 @@ async fn stop_step(env: &SlurmEnv, step_child: &mut tokio::process::Child) {
         eprintln!("hpk: the bubbles did not stop within {} s: killing the step", STEP_STOP_BOUND.as_secs());
         let _ = step_child.kill().await;
     }
+}
+
+/// The time the job has left (squeue's `%L`), plus the margin Slurm's signal lead and
+/// teardown need; `None` where the job has no limit (the default lifetime applies).
+async fn time_left(env: &SlurmEnv) -> Option<Duration> {
+    let listed = tokio::process::Command::new("squeue")
+        .args(["--noheader", "--format=%L"])
+        .arg(format!("--jobs={}", env.job_id))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    let left = cluster::parse_slurm_time_left(&String::from_utf8_lossy(&listed.stdout))?;
+    Some(left + Duration::from_secs(3600))
 }
 
 /// `JOB.STEP` of the bubbles' step, as squeue lists it (by its name), else the second step

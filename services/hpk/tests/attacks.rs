@@ -46,12 +46,31 @@ fn held_from(env: &Env, port: u16, peer: std::net::Ipv4Addr) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).count()
 }
 
-/// `hpk-cert-signer request` for `node`'s client certificate, as the node would make it.
+/// The node's client certificate and key in its node directory.
+fn node_client_cert(env: &Env, node: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let out = Command::new("find")
+        .arg(env.state.path())
+        .args(["-path", &format!("*/{node}/node-client.crt")])
+        .output()
+        .expect("find");
+    let found = String::from_utf8_lossy(&out.stdout);
+    let cert = std::path::PathBuf::from(
+        found.lines().next().unwrap_or_else(|| panic!("no client certificate of {node}")),
+    );
+    let key = cert.with_file_name("node-client.key");
+    (cert, key)
+}
+
+/// `hpk-cert-signer request` for `node`'s client certificate, as the node renews it: with the
+/// token and its current certificate.
 fn signer_signs(env: &Env, cluster: &str, node: &str, out_dir: &Path) -> Result<(), String> {
     let shared = env.home.path().join(cluster);
     let signer = Path::new(env!("CARGO_BIN_EXE_hpk")).with_file_name("hpk-cert-signer");
+    let (cert, key) = node_client_cert(env, node);
     let out = Command::new(signer)
         .arg("request")
+        .arg(format!("--client-cert={}", cert.display()))
+        .arg(format!("--client-key={}", key.display()))
         .arg(format!("--server-file={}", shared.join("cert-signer").display()))
         .arg(format!("--ca-cert={}", shared.join("ca.crt").display()))
         .arg(format!("--token-file={}", shared.join("node-token").display()))
@@ -187,4 +206,156 @@ async fn idle_connection_floods_leave_the_cluster_working() {
         );
         eprintln!("{name}: the host held at most {} of the attacker's connections at once", most_held[i]);
     }
+}
+
+/// Runs `hpk-cert-signer request` from the attacker's machine as nobody, with a copy of the
+/// cluster's node token; Ok(certificate PEM) or the refusal.
+fn leaked_token_request(
+    env: &Env,
+    loot: &Path,
+    node: &str,
+    profile: &str,
+    sans: &[&str],
+) -> Result<String, String> {
+    let signer = Path::new(env!("CARGO_BIN_EXE_hpk")).with_file_name("hpk-cert-signer");
+    let out_dir = loot.join(format!("{node}-{profile}-{}", sans.join("_")));
+    std::fs::create_dir_all(&out_dir).expect("mkdir");
+    nix::unistd::chown(
+        &out_dir,
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown");
+    let mut cmd = env.attacker().command("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(signer)
+        .arg("request")
+        .arg(format!("--server-file={}", loot.join("cert-signer").display()))
+        .arg(format!("--ca-cert={}", loot.join("ca.crt").display()))
+        .arg(format!("--token-file={}", loot.join("node-token").display()))
+        .arg(format!("--node-name={node}"))
+        .arg(format!("--profile={profile}"))
+        .arg(format!("--cert-out={}", out_dir.join("c.crt").display()))
+        .arg(format!("--key-out={}", out_dir.join("c.key").display()))
+        .arg("--shared-dir=/nonexistent-shared");
+    for san in sans {
+        cmd.arg(format!("--san={san}"));
+    }
+    let out = cmd.output().expect("run hpk-cert-signer");
+    if out.status.success() {
+        Ok(std::fs::read_to_string(out_dir.join("c.crt")).expect("certificate"))
+    } else {
+        Err(text(&out))
+    }
+}
+
+/// `openssl verify -purpose sslserver` of `cert` against `ca`: true if it passes.
+fn passes_as_server(cert: &Path, ca: &Path, ip: &str) -> bool {
+    Command::new("openssl")
+        .args(["verify", "-purpose", "sslserver", "-verify_ip", ip, "-CAfile"])
+        .arg(ca)
+        .arg(cert)
+        .output()
+        .expect("openssl")
+        .status
+        .success()
+}
+
+/// Whether `cert` is still valid `seconds` from now (`openssl x509 -checkend`).
+fn valid_in(cert: &Path, seconds: u64) -> bool {
+    Command::new("openssl")
+        .args(["x509", "-noout", "-checkend", &seconds.to_string(), "-in"])
+        .arg(cert)
+        .output()
+        .expect("openssl")
+        .status
+        .success()
+}
+
+/// H3 and L1: the node token leaks (a pod read it, or a backup did). With it, from another
+/// machine as nobody: no certificate for a node that already joined, in either profile; no
+/// serving certificate naming localhost or a loopback address; and a serving certificate for
+/// a new name with the API server's host address does not pass as the API server, whose CA
+/// issues kubelets nothing. Every certificate ends within a day of the cluster's lifetime.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leaked_node_token_mints_no_other_identity() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let out = env.up_with("leak", 2, &["--lifetime=2h"]);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    let shared = env.home.path().join("leak");
+
+    // What the attacker took, in a directory of its own.
+    let loot = tempfile::tempdir().expect("tempdir");
+    for file in ["node-token", "ca.crt", "cert-signer"] {
+        std::fs::copy(shared.join(file), loot.path().join(file)).expect("copy");
+        nix::unistd::chown(&loot.path().join(file), Some(nix::unistd::Uid::from_raw(65534)), None)
+            .expect("chown");
+    }
+    nix::unistd::chown(
+        loot.path(),
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .expect("chown");
+
+    for node in ["leak-1", "leak-2"] {
+        for (profile, sans) in [("client", &[][..]), ("serving", &["10.1.2.3"][..])] {
+            let refused = leaked_token_request(&env, loot.path(), node, profile, sans).expect_err(&format!(
+                "the leaked token got a {profile} certificate for {node}, which had joined"
+            ));
+            assert!(refused.contains("already has a"), "{node} {profile}: {refused}");
+        }
+    }
+    for san in ["localhost", "127.0.0.1", "::1", "0.0.0.0"] {
+        let refused = leaked_token_request(&env, loot.path(), "impostor", "serving", &[san])
+            .expect_err(&format!("the leaked token got a serving certificate for {san}"));
+        assert!(refused.contains("loopback"), "{san}: {refused}");
+    }
+    let host_ip = env.host.ip.to_string();
+    let minted = leaked_token_request(&env, loot.path(), "impostor", "serving", &[&host_ip])
+        .expect("a new name with a node's address is a node's certificate");
+    let minted_path = loot.path().join("minted.crt");
+    std::fs::write(&minted_path, &minted).expect("write");
+    // The API server's certificate passes where the minted one does not.
+    let apiserver = std::process::Command::new("openssl")
+        .args(["s_client", "-connect"])
+        .arg(
+            std::fs::read_to_string(shared.join("apiserver"))
+                .expect("apiserver")
+                .trim()
+                .trim_start_matches("https://"),
+        )
+        .arg("-showcerts")
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    let served = String::from_utf8_lossy(&apiserver.stdout);
+    let begin = served.find("-----BEGIN CERTIFICATE-----").expect("the API server's certificate");
+    let end = served[begin..].find("-----END CERTIFICATE-----").expect("end") + begin + 25;
+    let apiserver_cert = loot.path().join("apiserver.crt");
+    std::fs::write(&apiserver_cert, &served[begin..end]).expect("write");
+    assert!(
+        passes_as_server(&apiserver_cert, &shared.join("ca.crt"), &host_ip),
+        "the real API server must pass"
+    );
+    assert!(
+        !passes_as_server(&minted_path, &shared.join("ca.crt"), &host_ip),
+        "a node certificate passes as the API server"
+    );
+
+    // L1: two hours of cluster, plus at most a day.
+    let day = 86_400;
+    for (what, cert) in [
+        ("the server CA", shared.join("ca.crt")),
+        ("the API server", apiserver_cert),
+        ("a minted node certificate", minted_path),
+    ] {
+        assert!(valid_in(&cert, 3600), "{what} ends within the cluster's lifetime");
+        assert!(!valid_in(&cert, 2 * 3600 + day + 600), "{what} outlives the cluster by more than a day");
+    }
+
+    // And the cluster is none the worse.
+    let nodes = env.kubectl_ok("leak", &["get", "nodes", "--no-headers"]);
+    assert_eq!(nodes.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count(), 2, "{nodes}");
 }

@@ -453,7 +453,7 @@ spec:
   capacity: {{storage: 1Gi}}
   accessModes: [ReadWriteOnce]
   storageClassName: hpk-local
-  hostPath: {{path: /var/lib/hpk/volumes/local-{node}, type: DirectoryOrCreate}}
+  hostPath: {{path: /var/local/hpk/local-{node}, type: DirectoryOrCreate}}
   nodeAffinity:
     required:
       nodeSelectorTerms:

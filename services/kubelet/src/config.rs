@@ -114,6 +114,13 @@ pub struct KubeletArgs {
     /// The cluster's node token (0600), which the cert-signer asks for.
     #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
     pub node_token_file: Option<PathBuf>,
+    /// The node's client certificate (`system:node:NAME`), presented to the cert-signer: the
+    /// token enrols a node once, and every later request (a restart, a renewal) must show it.
+    #[arg(long, env = "HPK_CERT_SIGNER_CLIENT_CERT", requires = "cert_signer_client_key")]
+    pub cert_signer_client_cert: Option<PathBuf>,
+    /// The key of --cert-signer-client-cert (0600).
+    #[arg(long, env = "HPK_CERT_SIGNER_CLIENT_KEY", requires = "cert_signer_client_cert")]
+    pub cert_signer_client_key: Option<PathBuf>,
     /// The API server's client CA: client certificates it signed are accepted on the kubelet
     /// API (user = CN, groups = O). Without it only bearer tokens are.
     #[arg(long, env = "HPK_CLIENT_CA_FILE")]

@@ -310,7 +310,7 @@ fn kubelet(c: &Cluster, path: &str, extra: &[&str]) -> Result<(u16, String), Str
     let out = Command::new("curl")
         .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
         .arg("--cacert")
-        .arg(&c.cp.pki().server_ca().cert)
+        .arg(&c.cp.pki().kubelet_ca().cert)
         .args(extra)
         .arg(&url)
         .output()
@@ -509,7 +509,7 @@ async fn spdy_exec_then(c: &Cluster, command: &str, garbage: &[u8]) -> Result<Ve
 
     let pki = c.cp.pki();
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::CertificateDer::pem_file_iter(&pki.server_ca().cert).expect("ca") {
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(&pki.kubelet_ca().cert).expect("ca") {
         roots.add(cert.expect("ca pem")).expect("root");
     }
     let chain: Vec<_> = rustls_pki_types::CertificateDer::pem_file_iter(&pki.apiserver_kubelet_client.cert)
@@ -686,7 +686,15 @@ async fn kubectl_top(c: &Cluster) {
         .expect("push metrics-server");
     let image = format!("{}/hpk/metrics-server:v0.9.0", c.registry.host_port());
     let api = format!("https://{}:6443", c.cp.host().ip);
-    c.apply(&METRICS_SERVER.replace("IMAGE", &image).replace("API_URL", &api));
+    // Kubelets are verified with the kubelet CA, which issues their serving certificates.
+    let kubelet_ca = std::fs::read_to_string(&c.cp.pki().kubelet_ca().cert).expect("kubelet CA");
+    let kubelet_ca: String = kubelet_ca.lines().map(|l| format!("    {l}\n")).collect();
+    c.apply(
+        &METRICS_SERVER
+            .replace("IMAGE", &image)
+            .replace("API_URL", &api)
+            .replace("KUBELET_CA\n", &kubelet_ca),
+    );
 
     let started = Instant::now();
     let top = loop {
@@ -777,6 +785,8 @@ data:
     - name: c
       context: {cluster: c, user: u}
     current-context: c
+  kubelet-ca.crt: |
+KUBELET_CA
 ---
 apiVersion: v1
 kind: Service
@@ -807,7 +817,7 @@ spec:
         - --cert-dir=/tmp
         - --kubelet-preferred-address-types=InternalIP
         - --kubelet-use-node-status-port
-        - --kubelet-certificate-authority=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+        - --kubelet-certificate-authority=/etc/ms/kubelet-ca.crt
         - --metric-resolution=15s
         ports: [{containerPort: 4443, name: https}]
         volumeMounts: [{name: kubeconfig, mountPath: /etc/ms}]
@@ -829,7 +839,7 @@ spec:
 async fn serving_serial(c: &Cluster) -> String {
     let out = tokio::process::Command::new("openssl")
         .args(["s_client", "-connect", &format!("{}:10250", c.node.host().ip), "-CAfile"])
-        .arg(&c.cp.pki().server_ca().cert)
+        .arg(&c.cp.pki().kubelet_ca().cert)
         .stdin(Stdio::null())
         .output()
         .await
@@ -876,7 +886,7 @@ fn websocket_upgrade(c: &Cluster, auth: &[&str], path: &str) -> String {
     let url = format!("https://{}:10250{path}", c.node.host().ip);
     let out = Command::new("curl")
         .args(["-sS", "-i", "--http1.1", "--max-time", "3", "--cacert"])
-        .arg(&c.cp.pki().server_ca().cert)
+        .arg(&c.cp.pki().kubelet_ca().cert)
         .args(auth)
         .args([
             "-H",

@@ -235,6 +235,7 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         "stranger",
         &[c.cp.network().gateway().into()],
         "10.96.0.1".parse().expect("ip"),
+        hpk_integration::pki::Validity::for_lifetime(Duration::from_secs(3600)),
     )
     .expect("another CA");
     let stranger =

@@ -80,6 +80,24 @@ impl Listener {
         Ok(Self::Tls { listener, tls })
     }
 
+    /// [`Listener::tls`] where a client may present a certificate, verified against the CA
+    /// in `client_ca_pem` during the handshake (a request's `peer_certs()` then holds it); a
+    /// client without one is served too.
+    pub async fn tls_with_optional_client_ca(
+        addr: SocketAddr,
+        cert_chain_pem: &[u8],
+        key_pem: &[u8],
+        client_ca_pem: &[u8],
+    ) -> Result<Self> {
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(cert_chain_pem, key_pem))
+            .client_ca_root(tonic::transport::Certificate::from_pem(client_ca_pem))
+            .client_auth_optional(true);
+        Ok(Self::Tls { listener, tls })
+    }
+
     /// Binds `addr` for mutual TLS: the PEM certificate chain and key, and the CA whose
     /// client certificates are accepted. Port 0 picks a free port.
     pub async fn mutual_tls(

@@ -122,6 +122,10 @@ pub struct NodeOptions {
     /// Role runtime: the pods' address range (a cluster's nodes take theirs from the API).
     #[arg(long, default_value = "10.244.0.0/24")]
     pub pod_cidr: String,
+    /// How long the cluster lives, e.g. 12h or 30d: no certificate HPK makes outlives it by
+    /// more than a day. In a Slurm job, the job's time left [default: 30d, or the job's].
+    #[arg(long, value_parser = crate::cluster::parse_lifetime)]
+    pub lifetime: Option<std::time::Duration>,
 }
 
 impl NodeOptions {
@@ -131,6 +135,9 @@ impl NodeOptions {
         args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
         args.push(format!("--coredns-image={}", self.coredns_image));
         args.push(format!("--pod-cidr={}", self.pod_cidr));
+        if let Some(lifetime) = self.lifetime {
+            args.push(format!("--lifetime={}s", lifetime.as_secs()));
+        }
         args
     }
 }
@@ -248,7 +255,7 @@ fn prepare_and_start(
 ) -> Result<Launched> {
     let node_dir = node_dir.to_owned();
     let record_path = record_path.to_owned();
-    for sub in ["", "etc", "logs", "crun", "bundle"] {
+    for sub in ["", "etc", "logs", "crun", "bundle", "volumes"] {
         image::create_private_dir(&node_dir.join(sub))?;
     }
     let unpacked = image::unpack(&args.image, &cluster::image_cache())?;

@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 pub const NODE_DIR: &str = "/var/lib/hpk";
 /// Where the cluster's shared directory appears inside the bubble.
 pub const SHARED_DIR: &str = "/hpk/shared";
+/// Where the node's local storage for pods (hostPath and local PersistentVolumes) is mounted:
+/// the node directory's `volumes/`, apart from the node directory itself, which pods may not
+/// reach (the kubelet refuses hostPath under it, review H5).
+pub const LOCAL_VOLUMES_DIR: &str = "/var/local/hpk";
 
 /// One ID mapping (container ID → host ID, count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +148,7 @@ fn base_config(spec: &BubbleSpec<'_>) -> Value {
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
             {"destination": "/var/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
             bind(spec.node_dir, NODE_DIR, false),
+            bind(&spec.node_dir.join("volumes"), LOCAL_VOLUMES_DIR, false),
             bind(spec.shared_dir, SHARED_DIR, false),
             bind(&spec.node_dir.join("etc/resolv.conf"), "/etc/resolv.conf", true),
             bind(&spec.node_dir.join("etc/hosts"), "/etc/hosts", true),

@@ -33,11 +33,13 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let d = |sub: &str| node_dir.join(sub);
     let p = |path: &Path| path.display().to_string();
     let pki_dir = d("pki");
+    let lifetime = args.options.lifetime.unwrap_or(crate::cluster::DEFAULT_LIFETIME);
     let pki = ClusterPki::generate(
         &pki_dir,
         &format!("hpk-{}", args.cluster),
         &[IpAddr::V4(args.address)],
         KUBERNETES_SERVICE_IP.parse().map_err(|_| Error::Invalid("service IP".into()))?,
+        crate::pki::Validity::for_lifetime(lifetime),
     )?;
     let local_api = format!("https://127.0.0.1:{api_port}");
 
@@ -89,7 +91,8 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         Ok(path)
     };
     let cm = component("controller-manager", "system:kube-controller-manager")?;
-    let (server_ca, client_ca) = (pki.server_ca().clone(), pki.client_ca().clone());
+    let (server_ca, kubelet_ca, client_ca) =
+        (pki.server_ca().clone(), pki.kubelet_ca().clone(), pki.client_ca().clone());
     sup.start(Service::new(
         "kube-controller-manager",
         "/usr/local/bin/kube-controller-manager",
@@ -143,11 +146,18 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
             format!("--listen=127.0.0.1:{signer_port}"),
             format!("--advertise={}", args.address),
             format!("--address-file={}", p(&signer_address)),
-            format!("--serving-ca-cert={}", p(&server_ca.cert)),
-            format!("--serving-ca-key={}", p(&server_ca.key)),
+            // Its own certificate comes from the server CA, which nodes pin; what it issues
+            // for kubelets comes from the kubelet CA (review H3).
+            format!("--tls-cert-file={}", p(&pki.cert_signer.cert)),
+            format!("--tls-private-key-file={}", p(&pki.cert_signer.key)),
+            format!("--serving-ca-cert={}", p(&kubelet_ca.cert)),
+            format!("--serving-ca-key={}", p(&kubelet_ca.key)),
             format!("--client-ca-cert={}", p(&client_ca.cert)),
             format!("--client-ca-key={}", p(&client_ca.key)),
             format!("--token-file={}", p(&token)),
+            format!("--enrolled-file={}", p(&d("cert-signer.enrolled"))),
+            // Nothing it signs outlives the cluster (its CAs end a day after it does).
+            format!("--max-validity={}s", lifetime.as_secs().min(7 * 86_400)),
             format!("--shared-dir={SHARED_DIR}"),
             // The API server's in-cluster address; its host address is not listed: every bubble
             // on that host (the controller's own node first) is a node reached at that address.

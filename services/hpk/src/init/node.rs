@@ -54,6 +54,9 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .arg(format!("--token-file={}", p(&shared.join("node-token"))))
         .arg(format!("--node-name={}", args.node))
         .arg("--profile=client")
+        // A restarted node shows the certificate it has: the token enrols a node only once.
+        .arg(format!("--client-cert={}", p(&client.cert)))
+        .arg(format!("--client-key={}", p(&client.key)))
         .arg(format!("--cert-out={}", p(&client.cert)))
         .arg(format!("--key-out={}", p(&client.key)))
         .arg(format!("--shared-dir={SHARED_DIR}"))
@@ -115,6 +118,8 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--cert-signer-address-file={}", p(&shared.join("cert-signer"))),
         format!("--cert-signer-ca={}", p(&shared.join("ca.crt"))),
         format!("--node-token-file={}", p(&shared.join("node-token"))),
+        format!("--cert-signer-client-cert={}", p(&client.cert)),
+        format!("--cert-signer-client-key={}", p(&client.key)),
         format!("--client-ca-file={}", p(&shared.join("client-ca.crt"))),
         format!("--cluster-dns={CLUSTER_DNS_IP}"),
         format!("--cluster-domain={CLUSTER_DOMAIN}"),

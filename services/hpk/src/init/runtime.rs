@@ -28,6 +28,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         &tls,
         &args.node,
         &[IpAddr::V4(args.address), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+        crate::pki::Validity::for_lifetime(args.options.lifetime.unwrap_or(crate::cluster::DEFAULT_LIFETIME)),
     )?;
 
     let nf_socket = super::node::NF_SOCKET;

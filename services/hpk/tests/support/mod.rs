@@ -113,6 +113,13 @@ impl Env {
         self.network.host("attacker").expect("attacker host")
     }
 
+    /// [`Env::up`] with more flags for `hpk up`.
+    pub fn up_with(&self, name: &str, nodes: u16, extra: &[&str]) -> Output {
+        let mut cmd = self.up_command(name, nodes);
+        cmd.args(extra);
+        cmd.output().expect("run hpk up")
+    }
+
     fn up_command(&self, name: &str, nodes: u16) -> Command {
         self.clusters.lock().expect("lock").push(name.to_owned());
         let registry = format!("--insecure-registry={}", self.registry.host_port());

@@ -135,6 +135,13 @@ async fn serving_certificate(
         .map_err(|_| Error::Config(format!("{} is not text", token_path.display())))?
         .trim()
         .to_owned();
+    let identity = match (&args.cert_signer_client_cert, &args.cert_signer_client_key) {
+        (Some(cert), Some(key)) => {
+            tls::check_private(key).map_err(Error::Config)?;
+            Some((read(cert, "--cert-signer-client-cert")?, read(key, "--cert-signer-client-key")?))
+        }
+        _ => None,
+    };
 
     // The node name is a DNS name by construction; a host name that is not one (upper case
     // aside) would make the signer refuse the whole request, so it is left out.
@@ -151,7 +158,8 @@ async fn serving_certificate(
     let deadline = tokio::time::Instant::now() + SIGNER_WAIT;
     let (client, creds) = loop {
         let attempt = async {
-            let mut client = SignerClient::connect(&url, &ca, &token, None).await?;
+            let identity = identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
+            let mut client = SignerClient::connect_as(&url, &ca, &token, None, identity).await?;
             let creds = client.request(&request).await?;
             Ok::<_, hpk_cert_signer::Error>((client, creds))
         };
