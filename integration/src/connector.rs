@@ -65,7 +65,7 @@ impl RuntimeBubble {
         let bin_dir = hpk.parent().unwrap_or(Path::new("."));
         let certs = home.join("connector-certs");
         std::fs::create_dir_all(&certs).map_err(|e| Error::io("create", certs.display().to_string(), e))?;
-        let (cert, key) = issue(cp, bin_dir, connector, "client", &[], &certs, "connector")?;
+        let (cert, key) = issue(cp, bin_dir, connector, "client", &[], &certs, "connector", None)?;
         let cluster = "connector".to_owned();
         // nsenter, not `ip netns exec`: that one mounts a fresh /sys without the cgroup
         // hierarchy crun binds into the bubble.
@@ -164,8 +164,10 @@ impl Drop for RuntimeBubble {
 }
 
 /// A certificate from the harness's hpk-cert-signer through `hpk-cert-signer request`, as an
-/// operator gets one: `profile` `serving` (server CA, `sans`) or `client` (client CA,
+/// operator gets one: `profile` `serving` (kubelet CA, `sans`) or `client` (client CA,
 /// `system:node:<node>`). Written to `<dir>/<file>.crt` and `.key` (0600); returns both paths.
+/// The token enrols a node once: a node that has a certificate presents it (`current`).
+#[allow(clippy::too_many_arguments)]
 pub fn issue(
     cp: &ControlPlane,
     bin_dir: &Path,
@@ -174,6 +176,7 @@ pub fn issue(
     sans: &[String],
     dir: &Path,
     file: &str,
+    current: Option<(&Path, &Path)>,
 ) -> Result<(PathBuf, PathBuf)> {
     let signer = cp.cert_signer(bin_dir)?;
     let (cert, key) = (dir.join(format!("{file}.crt")), dir.join(format!("{file}.key")));
@@ -192,6 +195,9 @@ pub fn issue(
         .arg(&key);
     if !sans.is_empty() {
         cmd.arg(format!("--san={}", sans.join(",")));
+    }
+    if let Some((cert, key)) = current {
+        cmd.arg("--client-cert").arg(cert).arg("--client-key").arg(key);
     }
     let out = cmd.output().map_err(|e| Error::io("run", "hpk-cert-signer request", e))?;
     if !out.status.success() {

@@ -33,22 +33,24 @@ async fn run() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss = support::rss_kib(signer.pid());
 
-    let csrs: Vec<String> = (0..SEQUENTIAL.max(CONCURRENT))
+    // The token enrols each node name once: every request of a run is for a name of its own.
+    let total = 1 + SEQUENTIAL + CONCURRENT;
+    let name = |i: usize| format!("node-{i}");
+    let csrs: Vec<String> = (0..total)
         .map(|i| {
             let request = CertRequest {
-                node_name: format!("node-{i}"),
+                node_name: name(i),
                 profile: Profile::Serving,
-                sans: vec![format!("node-{i}").parse().expect("SAN"), "10.1.0.1".parse().expect("SAN")],
+                sans: vec![name(i).parse().expect("SAN"), "10.1.0.1".parse().expect("SAN")],
             };
             build_csr(&request, &rcgen::KeyPair::generate().expect("key")).expect("CSR")
         })
         .collect();
     let channel = hpk_rpc::connect::tls(&signer.url, &signer.ca_pem, None).await.expect("connect");
     let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN}").parse().expect("header");
-    let sign = |i: usize| {
-        let mut client = CertSignerClient::new(channel.clone());
-        let mut request =
-            tonic::Request::new(SignRequest { node_name: format!("node-{i}"), csr_pem: csrs[i].clone() });
+    let sign_on = |channel: tonic::transport::Channel, node: String, csr: String| {
+        let mut client = CertSignerClient::new(channel);
+        let mut request = tonic::Request::new(SignRequest { node_name: node, csr_pem: csr });
         request.metadata_mut().insert("authorization", auth.clone());
         async move {
             let start = Instant::now();
@@ -56,20 +58,51 @@ async fn run() {
             start.elapsed()
         }
     };
+    let sign = |i: usize| sign_on(channel.clone(), name(i), csrs[i].clone());
 
     // Warm the connection (TLS handshake, HTTP/2 settings) outside the measurement.
     sign(0).await;
     let mut sequential = Vec::with_capacity(SEQUENTIAL);
-    for i in 0..SEQUENTIAL {
+    for i in 1..=SEQUENTIAL {
         sequential.push(sign(i).await);
     }
     let wall = Instant::now();
-    let tasks: Vec<_> = (0..CONCURRENT).map(|i| tokio::spawn(sign(i))).collect();
+    let tasks: Vec<_> = (SEQUENTIAL + 1..total).map(|i| tokio::spawn(sign(i))).collect();
     let mut concurrent = Vec::with_capacity(CONCURRENT);
     for task in tasks {
         concurrent.push(task.await.expect("task"));
     }
     let concurrent_wall = wall.elapsed();
+
+    // A node's renewals: over mutual TLS, presenting its client certificate (review H3).
+    let mut client = signer.client().await;
+    let node_creds = client
+        .request(&CertRequest { node_name: "renewing".into(), profile: Profile::Client, sans: vec![] })
+        .await
+        .expect("the renewing node's client certificate");
+    let renewal_channel = hpk_rpc::connect::mutual_tls(
+        &signer.url,
+        &signer.ca_pem,
+        node_creds.chain_pem.as_bytes(),
+        node_creds.key_pem.as_bytes(),
+        None,
+    )
+    .await
+    .expect("connect as the node");
+    let renewal_csr = build_csr(
+        &CertRequest {
+            node_name: "renewing".into(),
+            profile: Profile::Serving,
+            sans: vec!["renewing".parse().expect("SAN")],
+        },
+        &rcgen::KeyPair::generate().expect("key"),
+    )
+    .expect("CSR");
+    sign_on(renewal_channel.clone(), "renewing".into(), renewal_csr.clone()).await;
+    let mut renewals = Vec::with_capacity(SEQUENTIAL);
+    for _ in 0..SEQUENTIAL {
+        renewals.push(sign_on(renewal_channel.clone(), "renewing".into(), renewal_csr.clone()).await);
+    }
     let loaded_rss = support::rss_kib(signer.pid());
 
     let baseline = openssl_baseline(&pki, &csrs[..BASELINE]);
@@ -81,6 +114,7 @@ async fn run() {
         &format!("hpk-cert-signer, {CONCURRENT} in flight at once (wall {concurrent_wall:.1?})"),
         &mut concurrent,
     );
+    row("hpk-cert-signer, renewals presenting the node's certificate (mutual TLS)", &mut renewals);
     match baseline {
         Some(mut samples) => row("baseline: `openssl x509 -req` process per CSR", &mut samples),
         None => println!("| baseline: openssl not found on PATH | - | - | - | - |"),

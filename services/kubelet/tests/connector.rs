@@ -107,6 +107,7 @@ fn write_files(c: &Cluster, remote: &RemoteRuntime, files: &Path) {
         &[host_ip.to_string()],
         files,
         "serving-issued",
+        Some((&remote.credentials.cert, &remote.credentials.key)),
     )
     .expect("serving certificate");
     copy(&cert, "serving/tls.crt", 0o400);
