@@ -291,8 +291,9 @@ fn keepalive(stream: &TcpStream) {
     let _ = setsockopt(stream, sockopt::TcpKeepCount, &4);
 }
 
-/// Copies both ways until both directions end or nothing moves for `idle`; true if it ended
-/// for idleness.
+/// Copies both ways until both directions end, either fails (a reset, or a peer keep-alive
+/// found gone) or nothing moves for `idle`; true if it ended for idleness. A direction that
+/// ends cleanly half-closes the other side, and the other direction goes on.
 async fn copy_until_idle(mut a: TcpStream, mut b: TcpStream, idle: Duration) -> bool {
     let start = Instant::now();
     let last = AtomicU64::new(0);
@@ -301,7 +302,22 @@ async fn copy_until_idle(mut a: TcpStream, mut b: TcpStream, idle: Duration) -> 
     let (mut ar, mut aw) = a.split();
     let (mut br, mut bw) = b.split();
     let both = async {
-        let _ = tokio::join!(pump(&mut ar, &mut bw, &touch), pump(&mut br, &mut aw, &touch));
+        let a_to_b = pump(&mut ar, &mut bw, &touch);
+        let b_to_a = pump(&mut br, &mut aw, &touch);
+        tokio::pin!(a_to_b, b_to_a);
+        let (mut a_done, mut b_done) = (false, false);
+        while !(a_done && b_done) {
+            tokio::select! {
+                ended = &mut a_to_b, if !a_done => {
+                    if ended.is_err() { return; }
+                    a_done = true;
+                }
+                ended = &mut b_to_a, if !b_done => {
+                    if ended.is_err() { return; }
+                    b_done = true;
+                }
+            }
+        }
     };
     let watchdog = async {
         loop {
@@ -394,6 +410,38 @@ mod tests {
         let mut back = Vec::new();
         conn.read_to_end(&mut back).await.expect("read");
         assert_eq!(back, b"hello");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_resets_ends_its_upstream_connection_too() {
+        // A service that holds every connection open and says nothing.
+        let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let target = silent.local_addr().expect("addr");
+        let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = silent.accept().await {
+                let closed_tx = closed_tx.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                    let _ = closed_tx.send(()).await;
+                });
+            }
+        });
+        let front = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = front.local_addr().expect("addr");
+        tokio::spawn(run(front, target, "test".into(), Limits { idle: Duration::from_secs(30), ..limits() }));
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        client.write_all(b"x").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A reset, as a vanished peer's keep-alive ends in.
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        nix::sys::socket::setsockopt(&client, nix::sys::socket::sockopt::Linger, &linger).expect("linger");
+        drop(client);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), closed_rx.recv()).await.is_ok(),
+            "the upstream connection outlived its client (the idle timeout is 30 s)"
+        );
     }
 
     #[tokio::test]
