@@ -156,8 +156,9 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
             format!("--client-ca-key={}", p(&client_ca.key)),
             format!("--token-file={}", p(&token)),
             format!("--enrolled-file={}", p(&d("cert-signer.enrolled"))),
-            // Nothing it signs outlives the cluster (its CAs end a day after it does).
-            format!("--max-validity={}s", lifetime.as_secs().min(7 * 86_400)),
+            // What it signs lives as long as the cluster, and no longer (its CAs end a day
+            // after it does): a node's client certificate, which nothing renews, lasts too.
+            format!("--max-validity={}s", lifetime.as_secs() + 86_400),
             format!("--shared-dir={SHARED_DIR}"),
             // The API server's in-cluster address; its host address is not listed: every bubble
             // on that host (the controller's own node first) is a node reached at that address.
