@@ -113,24 +113,10 @@ impl ControlPlane {
     async fn launch(&mut self) -> Result<()> {
         let started = Instant::now();
         let d = self.dir.path().to_owned();
-        let p = |path: &Path| path.display().to_string();
         let ip = self.host.ip.to_string();
 
-        self.spawn(
-            "etcd",
-            &[
-                "--name=controlplane".into(),
-                format!("--data-dir={}", p(&d.join("etcd"))),
-                // The control-plane host's own loopback: reachable only inside its namespace.
-                "--listen-client-urls=http://127.0.0.1:2379".into(),
-                "--advertise-client-urls=http://127.0.0.1:2379".into(),
-                "--listen-peer-urls=http://127.0.0.1:2380".into(),
-                "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
-                "--initial-cluster=controlplane=http://127.0.0.1:2380".into(),
-                "--unsafe-no-fsync".into(),
-                "--log-level=warn".into(),
-            ],
-        )?;
+        // The control-plane host's own loopback, with TLS and client certificates as in a bubble.
+        self.spawn("etcd", &hpk::controlplane::etcd_args(&self.pki, "controlplane", &d.join("etcd")))?;
 
         let mut apiserver_args =
             hpk::controlplane::apiserver_args(&self.pki, &d.join("apiserver"), &ip, &ip, API_PORT);

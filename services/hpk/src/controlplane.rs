@@ -11,10 +11,42 @@ fn p(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// kube-apiserver on etcd at 127.0.0.1:2379, listening on `bind`:`port`, advertising
-/// `advertise` (the `kubernetes` Service's endpoint), authenticating with the cluster's PKI,
-/// authorizing with Node and RBAC, verifying kubelets against the kubelet CA, with the
-/// aggregation layer's request-header CA and front-proxy client.
+/// Where etcd answers `/health` (and metrics, no data) without a certificate.
+pub const ETCD_HEALTH: &str = "127.0.0.1:2381";
+
+/// etcd member `name` with its data in `data_dir`, on the loopback, with TLS and client
+/// certificates of the etcd CA on its client and peer ports (review M1): whatever else shares
+/// the loopback (a hostNetwork pod on the controller) reads nothing. Health on [`ETCD_HEALTH`].
+pub fn etcd_args(pki: &ClusterPki, name: &str, data_dir: &Path) -> Vec<String> {
+    let (ca, server) = (p(&pki.etcd_ca.cert), &pki.etcd_server);
+    vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", p(data_dir)),
+        "--listen-client-urls=https://127.0.0.1:2379".into(),
+        "--advertise-client-urls=https://127.0.0.1:2379".into(),
+        format!("--cert-file={}", p(&server.cert)),
+        format!("--key-file={}", p(&server.key)),
+        "--client-cert-auth".into(),
+        format!("--trusted-ca-file={ca}"),
+        "--listen-peer-urls=https://127.0.0.1:2380".into(),
+        "--initial-advertise-peer-urls=https://127.0.0.1:2380".into(),
+        format!("--initial-cluster={name}=https://127.0.0.1:2380"),
+        format!("--peer-cert-file={}", p(&server.cert)),
+        format!("--peer-key-file={}", p(&server.key)),
+        "--peer-client-cert-auth".into(),
+        format!("--peer-trusted-ca-file={ca}"),
+        format!("--listen-metrics-urls=http://{ETCD_HEALTH}"),
+        // A cluster lives as long as its job: its data need not survive a power loss.
+        "--unsafe-no-fsync".into(),
+        "--log-level=warn".into(),
+    ]
+}
+
+/// kube-apiserver on etcd at 127.0.0.1:2379 (TLS, with its own client certificate), listening
+/// on `bind`:`port`, advertising `advertise` (the `kubernetes` Service's endpoint),
+/// authenticating with the cluster's PKI, authorizing with Node and RBAC, verifying kubelets
+/// against the kubelet CA, with the aggregation layer's request-header CA and front-proxy
+/// client.
 pub fn apiserver_args(
     pki: &ClusterPki,
     cert_dir: &Path,
@@ -23,7 +55,10 @@ pub fn apiserver_args(
     port: u16,
 ) -> Vec<String> {
     vec![
-        "--etcd-servers=http://127.0.0.1:2379".into(),
+        "--etcd-servers=https://127.0.0.1:2379".into(),
+        format!("--etcd-cafile={}", p(&pki.etcd_ca.cert)),
+        format!("--etcd-certfile={}", p(&pki.apiserver_etcd_client.cert)),
+        format!("--etcd-keyfile={}", p(&pki.apiserver_etcd_client.key)),
         format!("--bind-address={bind}"),
         format!("--advertise-address={advertise}"),
         format!("--secure-port={port}"),

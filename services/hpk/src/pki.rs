@@ -64,6 +64,12 @@ pub struct ClusterPki {
     pub cert_signer: CertFiles,
     /// The API server's client certificate toward kubelets.
     pub apiserver_kubelet_client: CertFiles,
+    /// etcd's CA: it verifies etcd's clients and peers, and issues nothing else (review M1).
+    pub etcd_ca: CertFiles,
+    /// etcd's serving (and peer) certificate, for 127.0.0.1.
+    pub etcd_server: CertFiles,
+    /// The API server's client certificate toward etcd, the only client etcd accepts.
+    pub apiserver_etcd_client: CertFiles,
     /// The CA extension API servers (metrics-server) trust for the API server's proxied
     /// requests (K3s `request-header-ca`).
     pub request_header_ca: CertFiles,
@@ -116,7 +122,7 @@ impl ClusterPki {
             "kube-apiserver",
             &[],
             sans,
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
         )?;
         let cert_signer = server_ca.sign(
             dir,
@@ -124,7 +130,7 @@ impl ClusterPki {
             "hpk-cert-signer",
             &[],
             apiserver_ips.iter().copied().map(SanType::IpAddress).collect(),
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
         )?;
         let apiserver_kubelet_client = client_ca.sign(
             dir,
@@ -132,7 +138,24 @@ impl ClusterPki {
             "kube-apiserver-kubelet-client",
             &["system:masters"],
             vec![],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+        )?;
+        let etcd_ca = Ca::new(dir, "etcd-ca", &format!("{prefix}-etcd-ca"), validity)?;
+        let etcd_server = etcd_ca.sign(
+            dir,
+            "etcd-server",
+            "etcd",
+            &[],
+            vec![SanType::IpAddress("127.0.0.1".parse().expect("literal"))],
+            &[ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
+        )?;
+        let apiserver_etcd_client = etcd_ca.sign(
+            dir,
+            "apiserver-etcd-client",
+            "kube-apiserver-etcd-client",
+            &[],
+            vec![],
+            &[ExtendedKeyUsagePurpose::ClientAuth],
         )?;
         let request_header =
             Ca::new(dir, "request-header-ca", &format!("{prefix}-request-header-ca"), validity)?;
@@ -142,7 +165,7 @@ impl ClusterPki {
             "front-proxy-client",
             &[],
             vec![],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[ExtendedKeyUsagePurpose::ClientAuth],
         )?;
         let sa = KeyPair::generate()?;
         let service_account_key = dir.join("service-account.key");
@@ -157,6 +180,9 @@ impl ClusterPki {
             apiserver,
             cert_signer,
             apiserver_kubelet_client,
+            etcd_ca: etcd_ca.files,
+            etcd_server,
+            apiserver_etcd_client,
             request_header_ca: request_header.files,
             front_proxy_client,
             service_account_key,
@@ -182,7 +208,7 @@ impl ClusterPki {
 
     /// Issues a client certificate `CN=cn, O=orgs` signed by the client CA, stored as `file`.
     pub fn client_cert(&self, file: &str, cn: &str, orgs: &[&str]) -> Result<CertFiles> {
-        self.client_ca.sign(&self.dir, file, cn, orgs, vec![], ExtendedKeyUsagePurpose::ClientAuth)
+        self.client_ca.sign(&self.dir, file, cn, orgs, vec![], &[ExtendedKeyUsagePurpose::ClientAuth])
     }
 }
 
@@ -197,7 +223,7 @@ pub fn runtime_tls(
 ) -> Result<(CertFiles, CertFiles)> {
     let ca = Ca::new(dir, "runtime-ca", &format!("{name}-runtime-ca"), validity)?;
     let sans = addresses.iter().copied().map(SanType::IpAddress).collect();
-    let serving = ca.sign(dir, "runtime", name, &[], sans, ExtendedKeyUsagePurpose::ServerAuth)?;
+    let serving = ca.sign(dir, "runtime", name, &[], sans, &[ExtendedKeyUsagePurpose::ServerAuth])?;
     Ok((ca.files, serving))
 }
 
@@ -225,7 +251,7 @@ impl Ca {
         cn: &str,
         orgs: &[&str],
         sans: Vec<SanType>,
-        usage: ExtendedKeyUsagePurpose,
+        usages: &[ExtendedKeyUsagePurpose],
     ) -> Result<CertFiles> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
@@ -237,7 +263,7 @@ impl Ca {
         }
         params.subject_alt_names = sans;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&key, &self.issuer)?;
         let files = CertFiles { cert: dir.join(format!("{file}.crt")), key: dir.join(format!("{file}.key")) };

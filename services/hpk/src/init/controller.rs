@@ -46,22 +46,10 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     sup.start(Service::new(
         "etcd",
         "/usr/local/bin/etcd",
-        vec![
-            format!("--name={}", args.node),
-            format!("--data-dir={}", p(&d("etcd"))),
-            // The bubble's own loopback: nothing outside the bubble reaches it.
-            "--listen-client-urls=http://127.0.0.1:2379".into(),
-            "--advertise-client-urls=http://127.0.0.1:2379".into(),
-            "--listen-peer-urls=http://127.0.0.1:2380".into(),
-            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
-            format!("--initial-cluster={}=http://127.0.0.1:2380", args.node),
-            // The cluster lives as long as the job: its data need not survive a power loss.
-            "--unsafe-no-fsync".into(),
-            "--log-level=warn".into(),
-        ],
+        controlplane::etcd_args(&pki, &args.node, &d("etcd")),
     ))?;
     wait(sup, "etcd", "etcd /health", || async {
-        http_get_plain("127.0.0.1:2379", "/health").await.map(|b| b.contains("\"health\":\"true\""))
+        http_get_plain(controlplane::ETCD_HEALTH, "/health").await.map(|b| b.contains("\"health\":\"true\""))
     })
     .await?;
 
