@@ -42,6 +42,33 @@ pub fn etcd_args(pki: &ClusterPki, name: &str, data_dir: &Path) -> Vec<String> {
     ]
 }
 
+/// The API server's admission configuration in HPK's bubbles: Pod Security Admission
+/// enforces the `baseline` level in every namespace without a level of its own (review H5),
+/// and warns at it, so no pod is privileged, shares the node's namespaces or mounts a
+/// hostPath unless its namespace says so: `kubectl label namespace NS
+/// pod-security.kubernetes.io/enforce=privileged` (the README's "Pod security"). kube-system,
+/// where HPK's own add-ons run, is exempt.
+pub const POD_SECURITY_ADMISSION: &str = "\
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodSecurity
+  configuration:
+    apiVersion: pod-security.admission.config.k8s.io/v1
+    kind: PodSecurityConfiguration
+    defaults:
+      enforce: baseline
+      enforce-version: latest
+      warn: baseline
+      warn-version: latest
+      audit: baseline
+      audit-version: latest
+    exemptions:
+      usernames: []
+      runtimeClasses: []
+      namespaces: [kube-system]
+";
+
 /// kube-apiserver on etcd at 127.0.0.1:2379 (TLS, with its own client certificate), listening
 /// on `bind`:`port`, advertising `advertise` (the `kubernetes` Service's endpoint),
 /// authenticating with the cluster's PKI, authorizing with Node and RBAC, verifying kubelets

@@ -395,6 +395,11 @@ async fn a_host_network_pod_on_the_controller_cannot_read_etcd() {
         request("/health", 2381),
     ]
     .join("; ");
+    // hostNetwork is beyond Pod Security baseline, the default: the namespace asks for it.
+    env.kubectl_ok(
+        "etcd",
+        &["label", "namespace", "default", "pod-security.kubernetes.io/enforce=privileged"],
+    );
     env.apply("etcd", &format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: snoop\nspec:\n  nodeName: etcd-1\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, {:?}]\n",
         env.shell, script
@@ -446,5 +451,123 @@ async fn a_host_network_pod_on_the_controller_cannot_read_etcd() {
     assert_eq!(
         env.kubectl_ok("etcd", &["get", "namespace", "default", "-o", "jsonpath={.metadata.name}"]),
         "default"
+    );
+}
+
+/// `kubectl apply -f -` of `manifest` in cluster `name`, failing or not.
+fn try_apply(env: &Env, name: &str, manifest: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(&env.kubectl)
+        .arg(format!("--kubeconfig={}", env.kubeconfig(name).display()))
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl apply");
+    child.stdin.take().expect("stdin").write_all(manifest.as_bytes()).expect("write");
+    child.wait_with_output().expect("wait")
+}
+
+/// H5: a pod tries to plant a kubeconfig (one with an `exec` plugin would run as the user on
+/// the login node at the next kubectl). Pod Security `baseline` refuses a hostPath pod in a
+/// namespace that did not ask for more. In a namespace relaxed to `privileged`, the kubelet
+/// refuses a hostPath into HPK's directories. And a process with every capability of the
+/// bubble, in its mount namespace (a pod that broke out), finds the shared directory
+/// read-only and cannot remount it writable. The user's kubeconfig is unchanged and works.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_cannot_plant_a_kubeconfig() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let out = env.up("plant", 1);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    let before = std::fs::read(env.kubeconfig("plant")).expect("the kubeconfig");
+    let host_path_pod = |namespace: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: plant\n  namespace: {namespace}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, 'echo planted > /host/kubeconfig']\n    volumeMounts: [{{name: shared, mountPath: /host}}]\n  volumes:\n  - name: shared\n    hostPath: {{path: /hpk/shared}}\n",
+            env.shell
+        )
+    };
+
+    let refused = try_apply(&env, "plant", &host_path_pod("default"));
+    let said = text(&refused);
+    assert!(
+        !refused.status.success() && said.contains("PodSecurity") && said.contains("hostPath"),
+        "Pod Security baseline must refuse a hostPath pod: {said}"
+    );
+
+    // The README's way to relax a namespace.
+    env.kubectl_ok("plant", &["create", "namespace", "wild"]);
+    env.kubectl_ok("plant", &["label", "namespace", "wild", "pod-security.kubernetes.io/enforce=privileged"]);
+    env.apply("plant", &host_path_pod("wild"));
+    eventually("the kubelet refuses the hostPath", Duration::from_secs(90), || {
+        let events = env.kubectl_ok(
+            "plant",
+            &[
+                "get",
+                "events",
+                "-n",
+                "wild",
+                "--field-selector",
+                "reason=FailedMount",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+        );
+        events.contains("/hpk/shared").then_some(())
+    });
+
+    // What a pod that broke out into its bubble could do: every capability of the bubble's
+    // user namespace, in the bubble's mount namespace (HPK runs no hostPID pod, so this test
+    // enters them from the host). The shared directory is read-only there, and the kernel
+    // locked it so.
+    let (init, _) = support::bubble_processes("plant", "plant-1")
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("bubble-init"))
+        .expect("the bubble's init");
+    // The bubble's image has no mount(8): a static busybox goes into the node directory
+    // (the bubble's /var/lib/hpk), as an intruder would bring one.
+    let node_dir = std::fs::read_dir(env.state.path().join("plant"))
+        .expect("the cluster's state")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.ends_with("plant-1"))
+        .expect("the node directory");
+    std::fs::copy("/bin/busybox", node_dir.join("busybox")).expect("copy busybox");
+    let script = "\
+        bb=/var/lib/hpk/busybox; \
+        $bb test -s /hpk/shared/apiserver && echo ENTERED; \
+        ($bb echo planted > /hpk/shared/kubeconfig) 2>/dev/null && echo WROTE || echo WRITE-REFUSED; \
+        for target in /hpk/shared /var/lib/hpk/shared; do \
+          for flags in rw rw,nosuid,nodev; do \
+            $bb mount -o remount,bind,$flags $target && echo REMOUNTED || echo REMOUNT-REFUSED; \
+          done; \
+        done; \
+        ($bb echo planted > /hpk/shared/kubeconfig) 2>/dev/null && echo WROTE || echo WRITE-REFUSED";
+    let out = Command::new("nsenter")
+        .arg(format!("--user=/proc/{init}/ns/user"))
+        .arg(format!("--mount=/proc/{init}/ns/mnt"))
+        // and its PID namespace, so that its /proc (mount(8) reads /proc/mounts) is ours
+        .arg(format!("--pid=/proc/{init}/ns/pid"))
+        .args(["--", "/var/lib/hpk/busybox", "sh", "-c", script])
+        .output()
+        .expect("nsenter");
+    let seen = text(&out);
+    assert!(seen.contains("ENTERED"), "did not reach the bubble's mount namespace:\n{seen}");
+    assert!(
+        !seen.contains("WROTE") && !seen.contains("REMOUNTED"),
+        "the bubble wrote the shared directory:\n{seen}"
+    );
+    assert_eq!(seen.matches("WRITE-REFUSED").count(), 2, "{seen}");
+    assert_eq!(seen.matches("REMOUNT-REFUSED").count(), 4, "{seen}");
+
+    assert_eq!(
+        std::fs::read(env.kubeconfig("plant")).expect("the kubeconfig"),
+        before,
+        "the kubeconfig changed"
+    );
+    assert_eq!(
+        env.kubectl_ok("plant", &["get", "namespace", "wild", "-o", "jsonpath={.metadata.name}"]),
+        "wild"
     );
 }

@@ -21,6 +21,7 @@
 //! enters its own user namespace ([`ids`]: one ID or several) and a private mount namespace.
 
 pub mod ids;
+pub mod publish;
 pub mod spec;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -156,6 +157,11 @@ pub struct Launched {
     /// included, lives in it.
     user_ns: Option<String>,
     slirp: Option<std::process::Child>,
+    /// What [`publish`] needs: the shared directory, the role, the address and the ports.
+    shared: Shared,
+    role: Role,
+    address: Ipv4Addr,
+    ports: Vec<(String, u16)>,
 }
 
 /// Runs a bubble until SIGTERM/SIGINT or until it ends; returns the exit code.
@@ -243,8 +249,134 @@ fn launch(args: &BubbleArgs, shared: &Shared) -> Result<Launched> {
     }
     // From here on, a failure removes the node directory again: nothing half-made stays.
     prepare_and_start(args, shared, &node_dir, &record_path).inspect_err(|_| {
-        let _ = std::fs::remove_dir_all(&node_dir);
+        let _ = remove_node_dir(&node_dir);
     })
+}
+
+/// Where, in the node directory, the shared directory is bound read-only for the bubble.
+const SHARED_VIEW: &str = "shared";
+
+/// Binds the cluster's shared directory read-only at `at`, in the launcher's private mount
+/// namespace, with the read-only flag locked (review H5): crun binds it into the bubble from
+/// there, and not even a process with every capability of the bubble (a pod that broke out)
+/// can remount it writable. What the bubble publishes goes through [`publish`].
+///
+/// The kernel locks a mount's flags (MNT_LOCK_READONLY) when it copies the mount into a mount
+/// namespace of another user namespace, and a bind of a locked mount stays locked. crun clones
+/// its bind mounts before it enters the bubble's namespaces, so the lock must already be on the
+/// mount it clones: a child process enters a user and mount namespace of its own, clones its
+/// (locked) copy of the read-only bind and hands it back, and that clone replaces the bind.
+fn bind_shared_read_only(shared: &Path, at: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    image::create_private_dir(at)?;
+    mount(Some(shared), at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| Error::io("bind", format!("{} on {}", shared.display(), at.display()), e.into()))?;
+    // A remount must keep the flags the kernel locked on the launcher's copy of the host's
+    // mounts (nosuid, nodev, noexec, the atime mode), or it is refused. (rustix, not libc:
+    // musl's statvfs flags lack ST_RELATIME, and nix drops the bits it does not know.)
+    use rustix::fs::StatVfsMountFlags as St;
+    let current = rustix::fs::statvfs(at).map_err(|e| Error::io("statvfs", at.display(), e.into()))?.f_flag;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+    for (st, ms) in [
+        (St::NOSUID, MsFlags::MS_NOSUID),
+        (St::NODEV, MsFlags::MS_NODEV),
+        (St::NOEXEC, MsFlags::MS_NOEXEC),
+        (St::NOATIME, MsFlags::MS_NOATIME),
+        (St::NODIRATIME, MsFlags::MS_NODIRATIME),
+        (St::RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if current.contains(st) {
+            flags |= ms;
+        }
+    }
+    if !current.intersects(St::NOATIME | St::RELATIME) {
+        flags |= MsFlags::MS_STRICTATIME;
+    }
+    let undo = |what: &'static str, e: std::io::Error| {
+        let _ = umount2(at, MntFlags::MNT_DETACH);
+        Error::io(what, at.display(), e)
+    };
+    mount(None::<&str>, at, None::<&str>, flags, None::<&str>)
+        .map_err(|e| undo("remount read-only", std::io::Error::other(format!("{e} (flags {current:?})"))))?;
+    let locked = locked_clone(at).map_err(|e| undo("lock the read-only view of the shared directory", e))?;
+    umount2(at, MntFlags::MNT_DETACH).map_err(|e| Error::io("unmount", at.display(), e.into()))?;
+    rustix::mount::move_mount(
+        &locked,
+        "",
+        rustix::fs::CWD,
+        at,
+        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| Error::io("attach the locked view of the shared directory at", at.display(), e.into()))
+}
+
+/// A detached clone of the mount at `path` as a child in a user and mount namespace of its own
+/// sees it: with its flags locked. The launcher is single-threaded here, so it may fork.
+#[allow(unsafe_code)]
+fn locked_clone(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::net::{
+        AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+        SendAncillaryMessage, SendFlags, SocketFlags, SocketType, recvmsg, sendmsg, socketpair,
+    };
+    let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    // SAFETY: the launcher has started no thread yet (see `run`); the child only makes system
+    // calls and exits.
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Child => {
+            let sent = (|| -> std::io::Result<()> {
+                nix::sched::unshare(
+                    nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
+                )?;
+                let tree = rustix::mount::open_tree(
+                    rustix::fs::CWD,
+                    path,
+                    rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+                        | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+                )?;
+                let fds = [std::os::fd::AsFd::as_fd(&tree)];
+                let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut ancillary = SendAncillaryBuffer::new(&mut space);
+                ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+                sendmsg(&theirs, &[std::io::IoSlice::new(b"m")], &mut ancillary, SendFlags::empty())?;
+                Ok(())
+            })();
+            // SAFETY: ends the forked child without running the parent's destructors.
+            unsafe { nix::libc::_exit(i32::from(sent.is_err())) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(theirs);
+            let mut buf = [0u8; 8];
+            let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+            let received = recvmsg(
+                &ours,
+                &mut [std::io::IoSliceMut::new(&mut buf)],
+                &mut ancillary,
+                RecvFlags::CMSG_CLOEXEC,
+            );
+            let fd = ancillary.drain().find_map(|m| match m {
+                RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+                _ => None,
+            });
+            let status = nix::sys::wait::waitpid(child, None).map_err(std::io::Error::from)?;
+            received?;
+            fd.ok_or_else(|| std::io::Error::other(format!("the helper process sent no mount ({status:?})")))
+        }
+    }
+}
+
+/// Removes a node directory, the read-only view of the shared directory unmounted first. If
+/// that view is still mounted, nothing is removed: the removal would reach into it.
+fn remove_node_dir(node_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let view = node_dir.join(SHARED_VIEW);
+    let _ = nix::mount::umount2(&view, nix::mount::MntFlags::MNT_DETACH);
+    if let (Ok(dir), Ok(inner)) = (std::fs::metadata(node_dir), std::fs::symlink_metadata(&view))
+        && dir.dev() != inner.dev()
+    {
+        return Err(std::io::Error::other(format!("{} is still mounted", view.display())));
+    }
+    std::fs::remove_dir_all(node_dir)
 }
 
 fn prepare_and_start(
@@ -255,9 +387,15 @@ fn prepare_and_start(
 ) -> Result<Launched> {
     let node_dir = node_dir.to_owned();
     let record_path = record_path.to_owned();
-    for sub in ["", "etc", "logs", "crun", "bundle", "volumes"] {
+    for sub in ["", "etc", "logs", "crun", "bundle", "volumes", publish::PUBLISH_DIR] {
         image::create_private_dir(&node_dir.join(sub))?;
     }
+    if args.role == Role::Controller {
+        publish::ensure_node_token(shared)?;
+        publish::ensure_secret(&shared.dir.join("tunnel-key"), "the tunnel key")?;
+    }
+    let shared_view = node_dir.join(SHARED_VIEW);
+    bind_shared_read_only(&shared.dir, &shared_view)?;
     let unpacked = image::unpack(&args.image, &cluster::image_cache())?;
     tracing::info!(image = %args.image.display(), digest = %unpacked.digest, "image ready");
     // crun and slirp4netns come from the image, never from the host.
@@ -328,7 +466,7 @@ fn prepare_and_start(
         args: init_args,
         env,
         node_dir: &node_dir,
-        shared_dir: &shared.dir,
+        shared_dir: &shared_view,
         tun: &tun,
         uid_map,
         gid_map,
@@ -375,6 +513,10 @@ fn prepare_and_start(
         pid: nix::unistd::Pid::from_raw(0),
         user_ns: None,
         slirp: None,
+        shared: shared.clone(),
+        role: args.role,
+        address: args.address,
+        ports: sockets.iter().map(|(n, _, p)| (n.clone(), *p)).collect(),
     };
     let status = create.status().map_err(|e| Error::io("run", "crun create", e))?;
     drop(sockets); // the bubble holds them now
@@ -532,7 +674,17 @@ fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> 
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let fd = SignalFd::with_flags(signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| Error::io("create", "a signalfd", e.into()))?;
+    let target = publish::Target {
+        shared: &launched.shared,
+        role: launched.role,
+        address: launched.address,
+        ports: &launched.ports,
+    };
+    let mut published = launched.role == Role::Worker;
     loop {
+        if !published {
+            published = publish::try_publish(&launched.node_dir, &target)?;
+        }
         // The bubble's first process is not our child (crun forked it); check it by PID.
         if !process_alive(launched.pid.as_raw() as u32) {
             return Err(Error::Failed {
@@ -544,7 +696,9 @@ fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> 
             });
         }
         let mut poll = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&fd), nix::poll::PollFlags::POLLIN)];
-        let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(1000u16));
+        // Checked more often until the bubble's files are published: the cluster waits on them.
+        let tick: u16 = if published { 1000 } else { 200 };
+        let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(tick));
         while let Ok(Some(info)) = fd.read_signal() {
             let signal = nix::sys::signal::Signal::try_from(info.ssi_signo as i32);
             match signal {
@@ -611,7 +765,7 @@ impl Launched {
             let _ = slirp.wait();
         }
         let _ = std::fs::remove_file(&self.record);
-        if let Err(e) = std::fs::remove_dir_all(&self.node_dir) {
+        if let Err(e) = remove_node_dir(&self.node_dir) {
             tracing::warn!(dir = %self.node_dir.display(), error = %e, "could not remove the node directory");
         }
         // The cluster's directory on this host, once its last node is gone.

@@ -41,7 +41,7 @@ pub struct BubbleSpec<'a> {
     pub env: Vec<String>,
     /// The node directory (mounted at [`NODE_DIR`]).
     pub node_dir: &'a Path,
-    /// The shared directory (mounted at [`SHARED_DIR`]).
+    /// The read-only view of the shared directory (mounted at [`SHARED_DIR`], read-only).
     pub shared_dir: &'a Path,
     /// The host's TUN device.
     pub tun: &'a Path,
@@ -149,7 +149,9 @@ fn base_config(spec: &BubbleSpec<'_>) -> Value {
             {"destination": "/var/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
             bind(spec.node_dir, NODE_DIR, false),
             bind(&spec.node_dir.join("volumes"), LOCAL_VOLUMES_DIR, false),
-            bind(spec.shared_dir, SHARED_DIR, false),
+            // Read-only, and locked so (see bubble::bind_shared_read_only); the launcher
+            // publishes what the bubble has to share (bubble::publish).
+            bind(spec.shared_dir, SHARED_DIR, true),
             bind(&spec.node_dir.join("etc/resolv.conf"), "/etc/resolv.conf", true),
             bind(&spec.node_dir.join("etc/hosts"), "/etc/hosts", true),
             bind(&spec.node_dir.join("etc/machine-id"), "/etc/machine-id", true),

@@ -1,8 +1,8 @@
 //! The controller bubble's control plane: etcd, kube-apiserver, kube-controller-manager,
 //! kube-scheduler (the upstream components of the image's multi-call binary) and
-//! hpk-cert-signer, started in that order, each awaited; then the cluster's shared files are
-//! published — the admin kubeconfig last, so that its presence means "the control plane is
-//! ready".
+//! hpk-cert-signer, started in that order, each awaited; then what the cluster shares is put in
+//! the node directory's `publish/`, from which the launcher publishes it (`bubble::publish`) —
+//! the admin kubeconfig last, so that its presence means "the control plane is ready".
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
 use crate::cluster::write_file;
 use crate::controlplane;
 use crate::error::{Error, Result};
-use crate::pki::{ClusterPki, write_embedded_kubeconfig, write_kubeconfig};
+use crate::pki::{ClusterPki, write_kubeconfig};
 
 const BOUND: Duration = Duration::from_secs(120);
 
@@ -61,6 +61,9 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     // NotReady or unreachable, not upstream's 5 minutes (a pod may ask for longer).
     apiserver.push("--default-not-ready-toleration-seconds=30".into());
     apiserver.push("--default-unreachable-toleration-seconds=30".into());
+    let admission = d("apiserver-admission.yaml");
+    write_file(&admission, controlplane::POD_SECURITY_ADMISSION.as_bytes(), 0o644)?;
+    apiserver.push(format!("--admission-control-config-file={}", p(&admission)));
     sup.start(Service::new("kube-apiserver", "/usr/local/bin/kube-apiserver", apiserver))?;
     let admin_local = d("admin.kubeconfig");
     let admin_files = pki.client_cert("admin", "hpk-admin", &["system:masters"])?;
@@ -101,28 +104,10 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .await?;
     }
 
-    // The node token and the tunnel key: made here, kept 0600 in the shared directory.
+    // The node token: made by the launcher (the bubble sees the shared directory read-only).
     let token = shared.join("node-token");
     if !token.is_file() {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
-        write_file(&token, hex::encode(bytes).as_bytes(), 0o600)?;
-    }
-    let tunnel_key = shared.join("tunnel-key");
-    if !tunnel_key.is_file() {
-        let out = tokio::process::Command::new("/usr/local/bin/hpk-net-forwarder")
-            .arg("gen-key")
-            .arg(&tunnel_key)
-            .output()
-            .await
-            .map_err(|e| Error::io("run", "hpk-net-forwarder gen-key", e))?;
-        if !out.status.success() {
-            return Err(Error::Failed {
-                what: "hpk-net-forwarder gen-key".into(),
-                detail: String::from_utf8_lossy(&out.stderr).into(),
-            });
-        }
+        return Err(Error::Invalid(format!("the launcher made no node token at {}", token.display())));
     }
     let signer_address = d("cert-signer.address");
     let _ = std::fs::remove_file(&signer_address);
@@ -167,35 +152,24 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     })
     .await?;
 
-    // Published: public certificates, URLs, then the admin kubeconfig (the "ready" mark).
+    // Published by the launcher (bubble::publish), which checks these parts, writes the
+    // kubeconfigs itself and puts them in the shared directory, the admin kubeconfig last (the
+    // "ready" mark). The parts: public certificates, and the client certificates and keys of
+    // kube-proxy (every bubble runs it) and of the admin; no CA key ever leaves this node.
+    let publish = d(crate::bubble::publish::PUBLISH_DIR);
     let copy = |from: &Path, to: &str, mode: u32| -> Result<()> {
         let bytes = std::fs::read(from).map_err(|e| Error::io("read", from.display(), e))?;
-        write_file(&shared.join(to), &bytes, mode)
+        write_file(&publish.join(to), &bytes, mode)
     };
     copy(&server_ca.cert, "ca.crt", 0o644)?;
     copy(&client_ca.cert, "client-ca.crt", 0o644)?;
-    copy(&signer_address, "cert-signer", 0o644)?;
-    let public_api = format!("https://{}:{api_port}", args.address);
-    write_file(&shared.join("apiserver"), public_api.as_bytes(), 0o644)?;
-    // kube-proxy's identity, for every bubble: like the admin kubeconfig, a client key in a
-    // 0600 file of the user's shared directory (no CA key ever is).
     let proxy_files = pki.client_cert("kube-proxy", KUBE_PROXY_USER, &[])?;
-    write_embedded_kubeconfig(
-        &shared.join("kube-proxy.kubeconfig"),
-        &format!("hpk-{}", args.cluster),
-        &public_api,
-        &server_ca.cert,
-        "kube-proxy",
-        &proxy_files,
-    )?;
-    write_embedded_kubeconfig(
-        &shared.join("kubeconfig"),
-        &format!("hpk-{}", args.cluster),
-        &public_api,
-        &server_ca.cert,
-        "admin",
-        &admin_files,
-    )?;
+    copy(&proxy_files.cert, "kube-proxy.crt", 0o644)?;
+    copy(&proxy_files.key, "kube-proxy.key", 0o600)?;
+    copy(&admin_files.cert, "admin.crt", 0o644)?;
+    copy(&admin_files.key, "admin.key", 0o600)?;
+    write_file(&publish.join(crate::bubble::publish::READY), b"", 0o644)?;
+    let public_api = format!("https://{}:{api_port}", args.address);
     tracing::info!(api = %public_api, "control plane ready");
     apply_coredns(args, &admin_local).await
 }

@@ -4,7 +4,8 @@
 //! streaming and `hpk.podruntime.v1.Remote` with mutual TLS on the published `runtime` port
 //! (relayed to the same port on the bubble's loopback), accepting the client CA the launcher
 //! copied in. `runtime-ca.crt` and then `runtime-endpoint` (`https://ADDRESS:PORT`) appear in
-//! the shared directory once it serves: what the connector's Secret and ConfigMap need.
+//! the shared directory once it serves, published by the launcher: what the connector's
+//! Secret and ConfigMap need.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -13,13 +14,12 @@ use super::InitArgs;
 use super::controller::wait;
 use super::supervisor::{Service, Supervisor};
 use crate::bubble::CLIENT_CA;
-use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
+use crate::bubble::spec::NODE_DIR;
 use crate::error::Result;
 
 /// Starts the runtime bubble's services.
 pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let node_dir = Path::new(NODE_DIR);
-    let shared = Path::new(SHARED_DIR);
     let p = |path: &Path| path.display().to_string();
     let port = args.port("runtime")?;
     let tls = node_dir.join("runtime-tls");
@@ -53,14 +53,11 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     })
     .await?;
 
-    // The CA first, the endpoint last: once the endpoint is there, everything is.
+    // Published by the launcher (bubble::publish): the CA, then the endpoint it knows.
+    let publish = node_dir.join(crate::bubble::publish::PUBLISH_DIR);
     let ca_pem =
         std::fs::read(&ca.cert).map_err(|e| crate::error::Error::io("read", ca.cert.display(), e))?;
-    crate::cluster::write_file(&shared.join("runtime-ca.crt"), &ca_pem, 0o644)?;
-    crate::cluster::write_file(
-        &shared.join("runtime-endpoint"),
-        format!("https://{}:{port}\n", args.address).as_bytes(),
-        0o644,
-    )?;
+    crate::cluster::write_file(&publish.join("runtime-ca.crt"), &ca_pem, 0o644)?;
+    crate::cluster::write_file(&publish.join(crate::bubble::publish::READY), b"", 0o644)?;
     Ok(())
 }
