@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hpk_proto::certsigner::v1::cert_signer_server::CertSignerServer;
+use hpk_rpc::log_limit::LogLimit;
 use hpk_rpc::{Listener, Services};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -62,8 +63,14 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     }
     info!(%url, max_validity_s = args.max_validity.as_secs(), "cert-signer ready");
 
-    let signer =
-        Service(Arc::new(Signer { policy, serving, client, max_validity: args.max_validity, enrolment }));
+    let signer = Service(Arc::new(Signer {
+        policy,
+        serving,
+        client,
+        max_validity: args.max_validity,
+        enrolment,
+        refusals: LogLimit::default(),
+    }));
     let grpc = CertSignerServer::new(signer).max_decoding_message_size(MAX_REQUEST_BYTES);
     let services = Services::new()
         .with(InterceptedService::new(grpc, RequireToken::new(&token)))

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use hpk_proto::certsigner::v1::cert_signer_server::CertSigner;
 use hpk_proto::certsigner::v1::{SignRequest, SignResponse};
+use hpk_rpc::log_limit::LogLimit;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
@@ -28,6 +29,8 @@ pub struct Signer {
     pub max_validity: Duration,
     /// Which nodes have certificates; who may ask for more.
     pub enrolment: Enrolment,
+    /// Refusals logged at most a few every 10 s: any peer can cause them.
+    pub refusals: LogLimit,
 }
 
 impl Signer {
@@ -55,7 +58,12 @@ impl Signer {
             );
             Ok(issued)
         });
-        if let Err(err) = &result {
+        if let Err(err) = &result
+            && let Some(dropped) = self.refusals.admit()
+        {
+            if let Some(summary) = self.refusals.summary(dropped) {
+                warn!(dropped, verdict = "denied", "{summary}");
+            }
             warn!(node, %profile, peer, verdict = "denied", reason = %err, "request refused");
         }
         result

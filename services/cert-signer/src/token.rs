@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use hpk_rpc::log_limit::LogLimit;
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -34,12 +35,14 @@ pub fn load(path: &Path) -> Result<String> {
 #[derive(Clone)]
 pub struct RequireToken {
     expected: Arc<[u8]>,
+    /// Refusals logged at most a few every 10 s: any peer can cause them.
+    refusals: Arc<LogLimit>,
 }
 
 impl RequireToken {
     /// Accepts requests carrying `token`.
     pub fn new(token: &str) -> Self {
-        Self { expected: token.as_bytes().into() }
+        Self { expected: token.as_bytes().into(), refusals: Arc::default() }
     }
 
     fn check(&self, request: &Request<()>) -> Result<()> {
@@ -54,8 +57,13 @@ impl Interceptor for RequireToken {
         match self.check(&request) {
             Ok(()) => Ok(request),
             Err(err) => {
-                let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
-                warn!(%peer, verdict = "unauthenticated", reason = %err, "request refused");
+                if let Some(dropped) = self.refusals.admit() {
+                    if let Some(summary) = self.refusals.summary(dropped) {
+                        warn!(dropped, verdict = "unauthenticated", "{summary}");
+                    }
+                    let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
+                    warn!(%peer, verdict = "unauthenticated", reason = %err, "request refused");
+                }
                 Err(err.into())
             }
         }
@@ -111,6 +119,33 @@ mod tests {
             let status = check.call(request_with(bad)).expect_err("must be refused");
             assert_eq!(status.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_flood_of_bad_tokens_logs_a_few_lines() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("lock").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut check = RequireToken::new("0123456789abcdef");
+            for _ in 0..1000 {
+                assert!(check.call(request_with(Some("Bearer wrong"))).is_err(), "every one is refused");
+            }
+        });
+        let text = String::from_utf8(lines.0.lock().expect("lock").clone()).expect("utf-8");
+        assert_eq!(text.matches("request refused").count(), LogLimit::BURST as usize, "{text}");
     }
 
     #[test]

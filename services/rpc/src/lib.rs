@@ -8,12 +8,14 @@
 //!   presenting a client certificate where the server asks for one.
 //! - [`mtls`]: the rustls configurations of mutual TLS.
 //! - [`unix`]: socket-path hygiene (private directory, 0600 socket, stale sockets).
+//! - [`log_limit`]: rate limits for log lines a peer can cause (refusals, failed handshakes).
 //! - [`limits`]: the open-files limit raised to its hard limit, first thing in every `main`.
 //! - [`telemetry`] and [`shutdown`]: tracing set-up and SIGTERM/SIGINT handling for `main`.
 
 pub mod connect;
 mod error;
 pub mod limits;
+pub mod log_limit;
 pub mod mtls;
 pub mod serve;
 pub mod shutdown;

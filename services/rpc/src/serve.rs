@@ -15,6 +15,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
+use crate::log_limit::LogLimit;
 use crate::{Error, Result, mtls};
 
 /// How long in-flight requests may run after shutdown begins.
@@ -306,6 +307,9 @@ async fn accept_mutual_tls(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    // Any client can fail a handshake at will: a few lines every 10 s, then a count.
+    let refused = Arc::new(LogLimit::default());
+    let timed_out = Arc::new(LogLimit::default());
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -321,15 +325,26 @@ async fn accept_mutual_tls(
         // Small request/response RPCs stall ~40 ms per call on Nagle + delayed ACK without this.
         let _ = stream.set_nodelay(true);
         let (acceptor, http1, grpc) = (acceptor.clone(), http1.clone(), grpc.clone());
+        let (refused, timed_out) = (refused.clone(), timed_out.clone());
         tokio::spawn(async move {
             let session = match tokio::time::timeout(mtls::HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(session)) => session,
                 Ok(Err(error)) => {
-                    warn!(%peer, %error, "refused a TLS client");
+                    if let Some(dropped) = refused.admit() {
+                        if let Some(summary) = refused.summary(dropped) {
+                            warn!(dropped, "{summary}");
+                        }
+                        warn!(%peer, %error, "refused a TLS client");
+                    }
                     return;
                 }
                 Err(_) => {
-                    warn!(%peer, "a TLS client did not complete its handshake in time");
+                    if let Some(dropped) = timed_out.admit() {
+                        if let Some(summary) = timed_out.summary(dropped) {
+                            warn!(dropped, "{summary}");
+                        }
+                        warn!(%peer, "a TLS client did not complete its handshake in time");
+                    }
                     return;
                 }
             };

@@ -1,4 +1,5 @@
-//! The bubble's services as child processes: each logged to its own file, restarted with
+//! The bubble's services as child processes: each logged to its own file (rotated at 10 MiB,
+//! one previous file kept: `capped_log.rs`), restarted with
 //! back-off when it exits (1 s, doubling to 30 s; back to 1 s after a minute of running), and
 //! stopped in reverse start order (SIGTERM, then SIGKILL after 10 s).
 
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
+use super::capped_log::{CappedLog, MAX_LOG_BYTES};
 use crate::error::{Error, Result};
 
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -53,7 +55,7 @@ impl Supervisor {
 
     /// Starts `service` and keeps it running; returns once the first start succeeded.
     pub fn start(&mut self, service: Service) -> Result<()> {
-        let log = self.logs.join(format!("{}.log", service.name));
+        let log = open_log(&self.logs.join(format!("{}.log", service.name)))?;
         let stop = Arc::new(Notify::new());
         let (done_tx, done) = watch::channel(false);
         let (pid_tx, pid) = watch::channel(None);
@@ -133,21 +135,44 @@ impl Supervisor {
     }
 }
 
-fn spawn(service: &Service, log: &std::path::Path) -> Result<tokio::process::Child> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| Error::io("open", log.display(), e))?;
-    let err = file.try_clone().map_err(|e| Error::io("dup", log.display(), e))?;
-    tokio::process::Command::new(&service.program)
+/// A service's log, shared by its stdout and stderr copiers and kept across restarts.
+type SharedLog = Arc<std::sync::Mutex<CappedLog>>;
+
+fn open_log(log: &std::path::Path) -> Result<SharedLog> {
+    let file = CappedLog::open(log, MAX_LOG_BYTES).map_err(|e| Error::io("open", log.display(), e))?;
+    Ok(Arc::new(std::sync::Mutex::new(file)))
+}
+
+/// Starts the service with its stdout and stderr piped into `log` (through the supervisor, so
+/// that the file can be rotated under it).
+fn spawn(service: &Service, log: &SharedLog) -> Result<tokio::process::Child> {
+    let mut child = tokio::process::Command::new(&service.program)
         .args(&service.args)
         .stdin(std::process::Stdio::null())
-        .stdout(file)
-        .stderr(err)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| Error::io("start", &service.name, e))
+        .map_err(|e| Error::io("start", &service.name, e))?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(copy_into(out, log.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(copy_into(err, log.clone()));
+    }
+    Ok(child)
+}
+
+/// Copies what the service writes into its log until the service closes the pipe.
+async fn copy_into(mut from: impl tokio::io::AsyncRead + Unpin, log: SharedLog) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        let mut log = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A full disk must not stop the service: what cannot be written is lost, and the
+        // pipe keeps draining.
+        let _ = log.write(&buf[..n]);
+    }
 }
 
 /// A child that exits at once, standing in for a service whose restart failed so the loop
@@ -164,5 +189,32 @@ async fn stop_child(child: &mut tokio::process::Child, name: &str) {
     if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
         tracing::warn!(service = %name, "no exit {} s after SIGTERM: killing it", STOP_GRACE.as_secs());
         let _ = child.kill().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_service_that_logs_without_end_holds_at_most_two_capped_files() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut supervisor = Supervisor::new(tmp.path().to_owned());
+        // 25 MB on stdout, then a last line on stderr; then it stays up.
+        let script = "head -c 25000000 /dev/zero | tr '\\0' x; echo; echo all written >&2; exec sleep 60";
+        supervisor.start(Service::new("chatty", "sh", vec!["-c".into(), script.into()])).expect("start");
+        let log = tmp.path().join("chatty.log");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("all written") {
+            assert!(Instant::now() < deadline, "the last line never reached the log");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let size = |p: &std::path::Path| std::fs::metadata(p).expect("log").len();
+        assert!(size(&log) <= MAX_LOG_BYTES, "current log {} bytes", size(&log));
+        assert!(size(&CappedLog::previous(&log)) <= MAX_LOG_BYTES);
+        assert!(size(&CappedLog::previous(&log)) > MAX_LOG_BYTES / 2, "the previous file is kept");
+        assert_eq!(std::fs::read_dir(tmp.path()).expect("dir").count(), 2, "two files, no more");
+        supervisor.check_running("chatty").expect("still running");
+        supervisor.stop_all().await;
     }
 }

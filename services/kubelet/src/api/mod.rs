@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hpk_rpc::log_limit::LogLimit;
 use http::{Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -108,6 +109,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
+    // Any client can fail a handshake at will: a few lines every 10 s, then a count (review M6).
+    let refused = Arc::new(LogLimit::default());
+    let timed_out = Arc::new(LogLimit::default());
     loop {
         let (tcp, remote) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -122,15 +126,26 @@ pub async fn serve(
             },
         };
         let (acceptor, api, shutdown) = (acceptor.clone(), api.clone(), shutdown.clone());
+        let (refused, timed_out) = (refused.clone(), timed_out.clone());
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
-                    tracing::info!(%remote, %error, "kubelet API: TLS handshake refused");
+                    if let Some(dropped) = refused.admit() {
+                        if let Some(summary) = refused.summary(dropped) {
+                            tracing::info!(dropped, "kubelet API: {summary}");
+                        }
+                        tracing::info!(%remote, %error, "kubelet API: TLS handshake refused");
+                    }
                     return;
                 }
                 Err(_) => {
-                    tracing::info!(%remote, "kubelet API: TLS handshake timed out");
+                    if let Some(dropped) = timed_out.admit() {
+                        if let Some(summary) = timed_out.summary(dropped) {
+                            tracing::info!(dropped, "kubelet API: {summary}");
+                        }
+                        tracing::info!(%remote, "kubelet API: TLS handshake timed out");
+                    }
                     return;
                 }
             };

@@ -76,14 +76,17 @@ fn supplemental_groups(pod: &Pod) -> (Vec<i64>, i32) {
     (groups, policy as i32)
 }
 
+/// The container's seccomp profile: what the pod names, and RuntimeDefault (the runtime's
+/// copy of containerd's profile) when it names none, as upstream's kubelet does with
+/// `--seccomp-default` (review M6). A pod that wants no filter says `Unconfined`.
 fn seccomp(profile: Option<&SeccompProfile>) -> SecurityProfile {
     let (kind, localhost_ref) = match profile.map(|p| p.type_.as_str()) {
-        Some("RuntimeDefault") => (ProfileType::RuntimeDefault, String::new()),
+        None | Some("RuntimeDefault") => (ProfileType::RuntimeDefault, String::new()),
         Some("Localhost") => {
             (ProfileType::Localhost, profile.and_then(|p| p.localhost_profile.clone()).unwrap_or_default())
         }
-        // Unconfined, and the kubelet's default without --seccomp-default.
-        _ => (ProfileType::Unconfined, String::new()),
+        // Unconfined, and any type the API server would not have accepted.
+        Some(_) => (ProfileType::Unconfined, String::new()),
     };
     SecurityProfile { profile_type: kind as i32, localhost_ref }
 }
@@ -190,6 +193,40 @@ mod tests {
         );
         let c = p.spec.as_ref().expect("spec").containers[0].clone();
         verify_run_as_non_root(&p, &c, uid, user).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn seccomp_is_runtime_default_unless_the_pod_says_otherwise() {
+        let kind = |container_sc: serde_json::Value, pod_sc: serde_json::Value| {
+            let p = pod(
+                json!({"securityContext": pod_sc, "containers": [{"name": "c", "image": "i", "securityContext": container_sc}]}),
+            );
+            let c = &p.spec.as_ref().expect("spec").containers[0];
+            let ctr = container_security_context(&p, c).seccomp.expect("a profile");
+            let sandbox = sandbox_security_context(&p).seccomp.expect("a profile");
+            (
+                ProfileType::try_from(ctr.profile_type).expect("type"),
+                ctr.localhost_ref,
+                ProfileType::try_from(sandbox.profile_type).expect("type"),
+            )
+        };
+        let unconfined = json!({"seccompProfile": {"type": "Unconfined"}});
+        assert_eq!(
+            kind(json!({}), json!({})),
+            (ProfileType::RuntimeDefault, String::new(), ProfileType::RuntimeDefault)
+        );
+        assert_eq!(
+            kind(json!({}), unconfined.clone()),
+            (ProfileType::Unconfined, String::new(), ProfileType::Unconfined)
+        );
+        assert_eq!(kind(unconfined, json!({})).0, ProfileType::Unconfined, "the container's own choice");
+        assert_eq!(
+            kind(json!({}), json!({"seccompProfile": {"type": "RuntimeDefault"}})).0,
+            ProfileType::RuntimeDefault
+        );
+        let local = json!({"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}});
+        let (kind, path, _) = kind(local, json!({}));
+        assert_eq!((kind, path.as_str()), (ProfileType::Localhost, "p.json"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod network;
 mod record;
 mod recover;
 mod sandbox;
+mod seccomp_default;
 mod security;
 mod stats;
 mod stream;

@@ -8,7 +8,7 @@ use std::path::Path;
 use k8s_cri::v1 as cri;
 use serde_json::{Value, json};
 
-use super::{Error, Result};
+use super::{Error, Result, seccomp_default};
 use crate::engine::{ALL_CAPS, DEFAULT_CAPS, Security};
 
 /// Who a container's process runs as.
@@ -196,8 +196,9 @@ pub(crate) fn security(config: &cri::ContainerConfig) -> Result<Security> {
     if !sc.readonly_paths.is_empty() {
         security.readonly_paths = sc.readonly_paths.clone();
     }
-    security.seccomp = seccomp(sc)?;
     security.capabilities.retain(|c| grantable(c));
+    // Against the capabilities the container will hold: some syscalls need them.
+    security.seccomp = seccomp(sc, &security.capabilities)?;
     Ok(security)
 }
 
@@ -216,9 +217,11 @@ fn grantable(cap: &str) -> bool {
     bounding & (1u64 << bit) != 0
 }
 
-/// The seccomp profile: none (Unconfined, or nothing said), hpk's default (RuntimeDefault), or
-/// a JSON profile from a file on this host (Localhost).
-fn seccomp(sc: &cri::LinuxContainerSecurityContext) -> Result<Option<Value>> {
+/// The seccomp profile: none (Unconfined, or nothing said: the CRI's nil profile, which
+/// critest checks is unconfined; the kubelet asks for RuntimeDefault when a pod says nothing),
+/// containerd's default for a container holding `capabilities` (RuntimeDefault), or a JSON
+/// profile from a file on this host (Localhost).
+fn seccomp(sc: &cri::LinuxContainerSecurityContext, capabilities: &[String]) -> Result<Option<Value>> {
     use cri::security_profile::ProfileType;
     let (kind, path) = match &sc.seccomp {
         Some(profile) => match ProfileType::try_from(profile.profile_type) {
@@ -236,7 +239,7 @@ fn seccomp(sc: &cri::LinuxContainerSecurityContext) -> Result<Option<Value>> {
         },
     };
     match kind {
-        "default" => Ok(Some(default_seccomp())),
+        "default" => Ok(Some(seccomp_default::profile(capabilities, &seccomp_default::Host::current()))),
         "localhost" => {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| Error::Invalid(format!("seccomp profile {path:?} cannot be read: {e}")))?;
@@ -276,50 +279,6 @@ fn localhost_seccomp(profile: &Value) -> std::result::Result<Value, String> {
     }
     out["syscalls"] = Value::Array(syscalls);
     Ok(out)
-}
-
-/// hpk's RuntimeDefault profile: everything allowed except what a pod has no business doing —
-/// loading kernel code, rebooting, changing the clock, swap, accounting, raw I/O ports, and
-/// interfaces that have led to escapes (keyrings, `open_by_handle_at`, `userfaultfd`). The
-/// capabilities a pod lacks stop most of these already; the filter is defence in depth.
-fn default_seccomp() -> Value {
-    const DENIED: &[&str] = &[
-        "acct",
-        "add_key",
-        "clock_adjtime",
-        "clock_settime",
-        "create_module",
-        "delete_module",
-        "finit_module",
-        "get_kernel_syms",
-        "init_module",
-        "ioperm",
-        "iopl",
-        "kexec_file_load",
-        "kexec_load",
-        "keyctl",
-        "lookup_dcookie",
-        "nfsservctl",
-        "open_by_handle_at",
-        "query_module",
-        "quotactl",
-        "reboot",
-        "request_key",
-        "settimeofday",
-        "stime",
-        "swapoff",
-        "swapon",
-        "_sysctl",
-        "sysfs",
-        "uselib",
-        "userfaultfd",
-        "ustat",
-        "vhangup",
-    ];
-    json!({
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "syscalls": [{"names": DENIED, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
-    })
 }
 
 /// What the pod's namespace options and sysctls ask of its sandbox.
@@ -493,7 +452,7 @@ mod tests {
             ..Default::default()
         });
         let profile = security(&default).expect("security").seccomp.expect("a profile");
-        assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
+        assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
         let file = tempfile::NamedTempFile::new().expect("file");
         std::fs::write(file.path(), r#"{"defaultAction":"SCMP_ACT_ALLOW","archMap":[],"syscalls":[{"names":["chmod"],"action":"SCMP_ACT_ERRNO"}]}"#).expect("write");
         let local = with_sc(cri::LinuxContainerSecurityContext {
@@ -508,6 +467,96 @@ mod tests {
         assert!(profile.get("archMap").is_none());
         std::fs::write(file.path(), "not json").expect("write");
         assert!(security(&local).is_err(), "a broken profile is refused");
+    }
+
+    /// The names a profile allows whatever the arguments.
+    fn allowed_outright(profile: &Value) -> Vec<String> {
+        let rules = profile["syscalls"].as_array().expect("syscalls");
+        rules
+            .iter()
+            .filter(|r| r["action"] == "SCMP_ACT_ALLOW" && r.get("args").is_none())
+            .flat_map(|r| r["names"].as_array().expect("names").iter())
+            .map(|n| n.as_str().expect("name").to_owned())
+            .collect()
+    }
+
+    fn profiled(
+        profile_type: cri::security_profile::ProfileType,
+        caps: Option<cri::Capability>,
+    ) -> cri::ContainerConfig {
+        with_sc(cri::LinuxContainerSecurityContext {
+            seccomp: Some(cri::SecurityProfile { profile_type: profile_type as i32, ..Default::default() }),
+            capabilities: caps,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn runtime_default_is_containerds_profile_for_the_containers_capabilities() {
+        use cri::security_profile::ProfileType;
+        let plain = security(&profiled(ProfileType::RuntimeDefault, None)).expect("security");
+        let profile = plain.seccomp.expect("a profile");
+        let allowed = allowed_outright(&profile);
+        assert!(allowed.iter().any(|n| n == "read") && allowed.iter().any(|n| n == "chroot"));
+        for denied in
+            ["unshare", "mount", "bpf", "perf_event_open", "keyctl", "io_uring_setup", "kcmp", "clone3"]
+        {
+            assert!(!allowed.iter().any(|n| n == denied), "{denied} is allowed");
+        }
+        let clone3 =
+            profile["syscalls"].as_array().expect("rules").iter().find(|r| r["names"] == json!(["clone3"]));
+        assert_eq!(
+            clone3.map(|r| (r["action"].clone(), r["errnoRet"].clone())),
+            Some((json!("SCMP_ACT_ERRNO"), json!(38)))
+        );
+
+        let admin =
+            Some(cri::Capability { add_capabilities: vec!["SYS_ADMIN".into()], ..Default::default() });
+        let profile = security(&profiled(ProfileType::RuntimeDefault, admin))
+            .expect("security")
+            .seccomp
+            .expect("a profile");
+        let allowed = allowed_outright(&profile);
+        assert!(
+            ["unshare", "mount", "clone", "clone3", "bpf"].iter().all(|n| allowed.iter().any(|a| a == n))
+        );
+
+        // Dropping CAP_SYS_CHROOT takes chroot out of the filter as well.
+        let none = Some(cri::Capability { drop_capabilities: vec!["ALL".into()], ..Default::default() });
+        let profile = security(&profiled(ProfileType::RuntimeDefault, none))
+            .expect("security")
+            .seccomp
+            .expect("a profile");
+        assert!(!allowed_outright(&profile).iter().any(|n| n == "chroot"));
+    }
+
+    #[test]
+    fn unconfined_only_when_asked_for_or_privileged() {
+        use cri::security_profile::ProfileType;
+        // An empty SecurityProfile is RuntimeDefault (the enum's zero), as critest expects.
+        let empty = with_sc(cri::LinuxContainerSecurityContext {
+            seccomp: Some(cri::SecurityProfile::default()),
+            ..Default::default()
+        });
+        assert!(security(&empty).expect("security").seccomp.is_some());
+        #[allow(deprecated)]
+        let by_path = with_sc(cri::LinuxContainerSecurityContext {
+            seccomp_profile_path: "runtime/default".into(),
+            ..Default::default()
+        });
+        assert!(security(&by_path).expect("security").seccomp.is_some());
+
+        assert!(security(&profiled(ProfileType::Unconfined, None)).expect("security").seccomp.is_none());
+        // A nil profile is unconfined in the CRI (critest "nil profile, which is unconfined");
+        // the kubelet sends RuntimeDefault for pods that name none.
+        assert!(security(&with_sc(Default::default())).expect("security").seccomp.is_none());
+        assert!(security(&cri::ContainerConfig::default()).expect("security").seccomp.is_none());
+        let privileged = with_sc(cri::LinuxContainerSecurityContext {
+            privileged: true,
+            seccomp: Some(cri::SecurityProfile::default()),
+            ..Default::default()
+        });
+        assert!(security(&privileged).expect("security").seccomp.is_none(), "privileged runs unconfined");
     }
 
     #[test]
