@@ -567,3 +567,71 @@ fn a_runtime_bubble_refuses_a_bad_client_ca_and_makes_nothing() {
         assert!(!home.exists() && !state.exists(), "{extra:?} made files");
     }
 }
+
+/// Ready means ready: a node whose route into the tunnel is gone turns NotReady, the Node's
+/// condition saying which route and why (net-forwarder health NOT_SERVING → the runtime's
+/// NetworkReady=false → the kubelet), and Ready again once the route is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_without_its_tunnel_route_turns_not_ready_with_the_reason() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let up = env.up("route", 2);
+    assert!(up.status.success(), "hpk up: {}", text(&up));
+    let cidr_of =
+        |node: &str| env.kubectl_ok("route", &["get", "node", node, "-o", "jsonpath={.spec.podCIDR}"]);
+    let peer_cidr = cidr_of("route-1");
+    let (bubble, _) = support::bubble_processes("route", "route-2")
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("bubble-init"))
+        .expect("node 2's bubble");
+    let ip = |args: &[&str]| {
+        Command::new("nsenter")
+            .arg(format!("--net=/proc/{bubble}/ns/net"))
+            .arg("--")
+            .arg("ip")
+            .args(args)
+            .output()
+            .expect("ip")
+    };
+    // The route as the net-forwarder made it, to put back afterwards.
+    let route = text(&ip(&["-4", "route", "show", &peer_cidr, "dev", "hpk-tunnel"]));
+    assert!(route.contains(&peer_cidr), "node 2 routes {peer_cidr} into the tunnel: {route}");
+    let out = ip(&["route", "del", &peer_cidr, "dev", "hpk-tunnel"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let ready = |node: &str| {
+        let condition = env.kubectl_ok(
+            "route",
+            &["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.conditions[?(@.type==\"Ready\")].message}"],
+        );
+        let (status, message) = condition.split_once(' ').unwrap_or((&condition, ""));
+        (status.to_owned(), message.to_owned())
+    };
+    let message = eventually_or(
+        "node 2 turns NotReady",
+        Duration::from_secs(90),
+        || {
+            let (status, message) = ready("route-2");
+            (status == "False").then_some(message)
+        },
+        || env.diagnose("route"),
+    );
+    assert!(
+        message.contains("NetworkReady=false")
+            && message.contains(&format!("no route into hpk-tunnel for {peer_cidr}")),
+        "the Node does not say why: {message}"
+    );
+    assert_eq!(ready("route-1").0, "True", "node 1 is fine");
+
+    let mut add = vec!["route", "add"];
+    add.extend(route.split_whitespace());
+    add.extend(["dev", "hpk-tunnel"]);
+    let out = ip(&add);
+    assert!(out.status.success(), "put the route back ({add:?}): {}", text(&out));
+    eventually_or(
+        "node 2 is Ready again",
+        Duration::from_secs(90),
+        || (ready("route-2").0 == "True").then_some(()),
+        || env.diagnose("route"),
+    );
+}

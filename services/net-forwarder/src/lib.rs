@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod netns;
 pub mod nodes;
 pub mod peers;
+pub mod ready;
 pub mod server;
 pub mod service;
 pub mod stats;

@@ -215,6 +215,7 @@ mod tests {
                 peers: vec![pb::PeerStats { node: "n\"2".into(), tx_packets: 5, ..Default::default() }],
                 ..Default::default()
             }),
+            not_ready: String::new(),
         };
         let text = render(&stats, 1, 250);
         for line in [

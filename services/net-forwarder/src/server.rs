@@ -51,12 +51,18 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     }
     let context = Arc::new(context);
     context.recover().await?;
+    tokio::spawn(crate::ready::watch(
+        context.tunnel().cloned(),
+        context.readiness().clone(),
+        shutdown.clone(),
+    ));
     if let Some(addr) = args.metrics_address {
         crate::metrics::serve(addr, context.clone(), shutdown.clone()).await?;
     }
     let listener = Listener::unix(&args.socket)?;
     info!(socket = %args.socket.display(), pod_cidr = %cidr, mtu = args.mtu, "net-forwarder ready");
     let services = Services::new()
+        .with_readiness(context.readiness().clone())
         .with(NetForwarderServer::new(Service(context)))
         .describe(hpk_proto::FILE_DESCRIPTOR_SET);
     hpk_rpc::serve(listener, services, shutdown).await?;

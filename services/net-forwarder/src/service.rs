@@ -26,12 +26,24 @@ pub struct Context<N> {
     network: N,
     mtu: u32,
     tunnel: Option<Arc<Tunnel>>,
+    readiness: hpk_rpc::Readiness,
 }
 
 impl<N: Network> Context<N> {
     /// A context over loaded allocations.
     pub fn new(ipam: Ipam, network: N, mtu: u32) -> Self {
-        Context { ipam: Mutex::new(ipam), network, mtu, tunnel: None }
+        Context { ipam: Mutex::new(ipam), network, mtu, tunnel: None, readiness: hpk_rpc::Readiness::new() }
+    }
+
+    /// The tunnel, when there is one.
+    pub fn tunnel(&self) -> Option<&Arc<Tunnel>> {
+        self.tunnel.as_ref()
+    }
+
+    /// Whether pod traffic can flow, as health and `Stats.not_ready` report it
+    /// ([`crate::ready`] keeps it).
+    pub fn readiness(&self) -> &hpk_rpc::Readiness {
+        &self.readiness
     }
 
     /// Reports and routes the tunnel to other nodes too.
@@ -68,7 +80,11 @@ impl<N: Network> Context<N> {
                 })
             })
             .collect();
-        Ok(pb::StatsResponse { interfaces, tunnel: self.tunnel.as_ref().map(|t| t.stats()) })
+        Ok(pb::StatsResponse {
+            interfaces,
+            tunnel: self.tunnel.as_ref().map(|t| t.stats()),
+            not_ready: self.readiness.reason().unwrap_or_default(),
+        })
     }
 
     /// Everything the metrics show: the counters, how many sandboxes are attached, how many

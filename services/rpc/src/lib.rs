@@ -17,10 +17,12 @@ mod error;
 pub mod limits;
 pub mod log_limit;
 pub mod mtls;
+pub mod readiness;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 pub mod unix;
 
 pub use error::{Error, Result};
+pub use readiness::Readiness;
 pub use serve::{Listener, Services, serve};

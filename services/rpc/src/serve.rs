@@ -138,6 +138,7 @@ pub struct Services {
     routes: RoutesBuilder,
     names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
+    readiness: Option<crate::Readiness>,
 }
 
 impl Services {
@@ -147,7 +148,15 @@ impl Services {
         Self::default()
     }
 
-    /// Adds a service; health reports it SERVING while the server runs.
+    /// Health reports the services SERVING only while `readiness` is ready (without one: while
+    /// the server runs).
+    pub fn with_readiness(mut self, readiness: crate::Readiness) -> Self {
+        self.readiness = Some(readiness);
+        self
+    }
+
+    /// Adds a service; health reports it SERVING while the server runs (and is ready, see
+    /// [`Services::with_readiness`]).
     pub fn with<S>(mut self, svc: S) -> Self
     where
         S: tower::Service<http::Request<Body>, Error = Infallible>
@@ -174,10 +183,13 @@ impl Services {
 /// Serves `services` on `listener` until `shutdown` is cancelled, then stops accepting, reports
 /// NOT_SERVING, and gives in-flight requests [`DRAIN_DEADLINE`] to finish.
 pub async fn serve(listener: Listener, services: Services, shutdown: CancellationToken) -> Result<()> {
-    let Services { mut routes, names, descriptor_sets } = services;
+    let Services { mut routes, names, descriptor_sets, readiness } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in &names {
         health.set_service_status(*name, ServingStatus::Serving).await;
+    }
+    if let Some(readiness) = readiness {
+        tokio::spawn(follow_readiness(readiness, health.clone(), names.clone(), shutdown.clone()));
     }
     let mut reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
@@ -251,6 +263,40 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             .await;
             acceptor.abort();
             result
+        }
+    }
+}
+
+/// Reports every service in `names`, and the server (`""`), SERVING or NOT_SERVING as
+/// `readiness` changes, until shutdown (which reports NOT_SERVING itself).
+async fn follow_readiness(
+    readiness: crate::Readiness,
+    health: tonic_health::server::HealthReporter,
+    names: Vec<&'static str>,
+    shutdown: CancellationToken,
+) {
+    let mut changes = readiness.subscribe();
+    loop {
+        let reason = changes.borrow_and_update().clone();
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let status = match &reason {
+            None => {
+                info!("ready: health reports SERVING");
+                ServingStatus::Serving
+            }
+            Some(why) => {
+                warn!(reason = %why, "not ready: health reports NOT_SERVING");
+                ServingStatus::NotServing
+            }
+        };
+        for name in names.iter().copied().chain([""]) {
+            health.set_service_status(name, status).await;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -375,5 +421,53 @@ async fn drain(
     match tokio::time::timeout(DRAIN_DEADLINE, server).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(Error::DrainTimeout(DRAIN_DEADLINE)),
+    }
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_server::Health;
+
+    use super::*;
+
+    async fn status(service: &tonic_health::server::HealthService, name: &str) -> i32 {
+        let request = tonic::Request::new(HealthCheckRequest { service: name.into() });
+        service.check(request).await.map(|r| r.into_inner().status).unwrap_or(-1)
+    }
+
+    #[tokio::test]
+    async fn every_named_service_and_the_server_follow_readiness() {
+        let health = tonic_health::server::HealthReporter::new();
+        let service = tonic_health::server::HealthService::from_health_reporter(health.clone());
+        let readiness = crate::Readiness::new();
+        let shutdown = CancellationToken::new();
+        let names = vec!["hpk.a.v1.A", "hpk.b.v1.B"];
+        let task = tokio::spawn(follow_readiness(readiness.clone(), health, names.clone(), shutdown.clone()));
+        let all = |want: ServingStatus| {
+            let service = &service;
+            let names = &names;
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                loop {
+                    let mut ok = true;
+                    for name in names.iter().copied().chain([""]) {
+                        ok &= status(service, name).await == want as i32;
+                    }
+                    if ok {
+                        return;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "not all {want:?}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        all(ServingStatus::Serving).await;
+        readiness.set_not_ready("no routes");
+        all(ServingStatus::NotServing).await;
+        readiness.set_ready();
+        all(ServingStatus::Serving).await;
+        shutdown.cancel();
+        task.await.expect("the task ends at shutdown");
     }
 }

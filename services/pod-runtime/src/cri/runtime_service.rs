@@ -136,18 +136,28 @@ impl RuntimeService for Runtime {
         ]
         .into_iter()
         .collect();
+        let runtime = self.0.clone();
+        let engine = tokio::task::spawn_blocking(move || runtime.engine_ready())
+            .await
+            .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
+        let runtime_ready = match engine {
+            Ok(()) => condition("RuntimeReady", true, "", String::new()),
+            Err(why) => condition("RuntimeReady", false, "EngineNotWorking", why),
+        };
+        let network_ready = match &self.0.config.network {
+            None => condition(
+                "NetworkReady",
+                true,
+                "LoopbackOnly",
+                "no hpk-net-forwarder is configured: sandboxes get a loopback-only network".into(),
+            ),
+            Some(network) => match network.ready().await {
+                Ok(()) => condition("NetworkReady", true, "", String::new()),
+                Err(why) => condition("NetworkReady", false, "NetForwarderNotReady", why),
+            },
+        };
         Ok(Response::new(cri::StatusResponse {
-            status: Some(cri::RuntimeStatus {
-                conditions: vec![
-                    condition("RuntimeReady", true, "", String::new()),
-                    condition(
-                        "NetworkReady",
-                        true,
-                        "LoopbackOnly",
-                        "sandboxes get a loopback-only network until hpk-net-forwarder provides pod networking".into(),
-                    ),
-                ],
-            }),
+            status: Some(cri::RuntimeStatus { conditions: vec![runtime_ready, network_ready] }),
             info,
             ..Default::default()
         }))

@@ -278,6 +278,13 @@ impl Apptainer {
         Ok(cmd)
     }
 
+    /// `apptainer --version`: Apptainer runs (the runtime's readiness check).
+    pub fn version(&self) -> Command {
+        let mut cmd = self.apptainer();
+        cmd.arg("--version");
+        cmd
+    }
+
     /// `apptainer instance list --json NAME`.
     pub fn instance_list(&self, id: &str) -> Result<Command> {
         let mut cmd = self.apptainer();

@@ -172,6 +172,11 @@ impl Crun {
         }
     }
 
+    /// `crun list`: crun runs and reads its state root (the runtime's readiness check).
+    pub fn list(&self) -> Result<()> {
+        run(self.crun().args(["list", "--quiet"])).map(drop)
+    }
+
     /// `crun kill ID SIGNAL`.
     pub fn kill(&self, id: &str, signal: &str) -> Result<()> {
         run(self.crun().args(["kill", id, signal])).map(drop)

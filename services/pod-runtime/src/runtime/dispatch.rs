@@ -38,6 +38,23 @@ impl Runtime {
         }
     }
 
+    /// Whether the engine works (CRI `RuntimeReady`): the runtime's directory takes a file,
+    /// and crun (`crun list` over its state) or Apptainer (`apptainer --version`) runs.
+    /// `Err` says why not. Runs processes: call it off the async threads.
+    pub fn engine_ready(&self) -> std::result::Result<(), String> {
+        let probe = self.config.root.join(".ready-probe");
+        std::fs::write(&probe, b"").map_err(|e| {
+            format!("the runtime's directory {} takes no file: {e}", self.config.root.display())
+        })?;
+        let _ = std::fs::remove_file(&probe);
+        match self.apptainer() {
+            None => self.crun.list().map_err(|e| format!("crun does not run: {e}")),
+            Some(app) => crate::engine::run_command(&mut app.version())
+                .map(drop)
+                .map_err(|e| format!("apptainer does not run: {e}")),
+        }
+    }
+
     /// The engine's name: `crun` or `apptainer`.
     pub fn engine_name(&self) -> &'static str {
         self.config.engine.kind().name()

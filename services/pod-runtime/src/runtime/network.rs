@@ -31,6 +31,39 @@ impl PodNetwork {
         Ok(NetForwarderClient::new(channel))
     }
 
+    /// Whether pods get a network (CRI `NetworkReady`): the net-forwarder answers its health
+    /// check SERVING, which it does while its tunnel and routes are in place. `Err` says why
+    /// not, with the net-forwarder's own reason when it gives one.
+    pub async fn ready(&self) -> std::result::Result<(), String> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let check = async {
+            let channel = hpk_rpc::connect::unix(&self.socket).await.map_err(|e| {
+                format!("hpk-net-forwarder at {} cannot be reached: {e}", self.socket.display())
+            })?;
+            let status = HealthClient::new(channel.clone())
+                .check(HealthCheckRequest { service: String::new() })
+                .await
+                .map_err(|s| format!("hpk-net-forwarder's health check failed: {}", s.message()))?
+                .into_inner()
+                .status;
+            if status == ServingStatus::Serving as i32 {
+                return Ok(());
+            }
+            let why = NetForwarderClient::new(channel)
+                .stats(hpk_proto::netforwarder::v1::StatsRequest::default())
+                .await
+                .ok()
+                .map(|r| r.into_inner().not_ready)
+                .filter(|why| !why.is_empty())
+                .unwrap_or_else(|| "no reason given".into());
+            Err(format!("hpk-net-forwarder is not serving: {why}"))
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(3), check)
+            .await
+            .unwrap_or_else(|_| Err("hpk-net-forwarder did not answer within 3 s".into()))
+    }
+
     /// Gives the sandbox whose network namespace is `netns_path` an interface; returns its
     /// IP address (without prefix length).
     pub(crate) async fn attach(&self, sandbox_id: &str, netns_path: &str) -> Result<String> {
