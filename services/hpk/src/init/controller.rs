@@ -113,28 +113,14 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .await?;
     }
 
-    // The node token and the tunnel key: made here, kept 0600 in the shared directory.
+    // The node token: made here, kept 0600 in the shared directory. (The tunnel has no shared
+    // key: each node's net-forwarder makes its own key pair in memory.)
     let token = shared.join("node-token");
     if !token.is_file() {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)
             .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
         write_file(&token, hex::encode(bytes).as_bytes(), 0o600)?;
-    }
-    let tunnel_key = shared.join("tunnel-key");
-    if !tunnel_key.is_file() {
-        let out = tokio::process::Command::new("/usr/local/bin/hpk-net-forwarder")
-            .arg("gen-key")
-            .arg(&tunnel_key)
-            .output()
-            .await
-            .map_err(|e| Error::io("run", "hpk-net-forwarder gen-key", e))?;
-        if !out.status.success() {
-            return Err(Error::Failed {
-                what: "hpk-net-forwarder gen-key".into(),
-                detail: String::from_utf8_lossy(&out.stderr).into(),
-            });
-        }
     }
     let signer_address = d("cert-signer.address");
     let _ = std::fs::remove_file(&signer_address);
