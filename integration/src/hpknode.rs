@@ -45,9 +45,10 @@ pub struct NodeOptions {
     pub bin_dir: PathBuf,
     /// A registry the runtime may reach over plain HTTP (`host:port`).
     pub insecure_registry: Option<String>,
-    /// The cluster's tunnel key file: with one, the node's pods reach the other nodes' pods
-    /// through the net-forwarder's tunnel on the host's test address.
-    pub tunnel_key: Option<PathBuf>,
+    /// Whether the node's pods reach the other nodes' pods through the net-forwarder's tunnel
+    /// on the host's test address (each net-forwarder makes its key pair in memory and
+    /// publishes the public key on its Node, as in production).
+    pub tunnel: bool,
     /// More kubelet flags.
     pub kubelet_args: Vec<String>,
     /// Also run upstream kube-proxy (nftables mode) in the host's namespace, so the node's
@@ -103,8 +104,8 @@ impl HpkNode {
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--node-name", name]);
-        if let Some(key) = &options.tunnel_key {
-            nf.arg("--tunnel-listen").arg(format!("{}:0", host.ip)).arg("--tunnel-key-file").arg(key);
+        if options.tunnel {
+            nf.arg("--tunnel-listen").arg(format!("{}:0", host.ip));
         }
         let net_forwarder = Process::spawn("hpk-net-forwarder", nf, &dir.join("net-forwarder.log"))?;
 

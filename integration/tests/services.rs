@@ -63,17 +63,10 @@ impl Cluster {
         let httpd = format!("{}/hpk/httpd:v1", registry.host_port());
 
         cp.apply(PEER_READER_RBAC).expect("node RBAC");
-        let key = cp.dir().join("tunnel.key");
-        let status =
-            std::process::Command::new(bin_dir().join("hpk-net-forwarder")).arg("gen-key").arg(&key).status();
-        hpk_integration::skip_unless_available(status.map_err(|e| hpk_integration::Error::Missing {
-            what: format!("{}: {e}", bin_dir().join("hpk-net-forwarder").display()),
-            hint: "cargo build --workspace --bins".into(),
-        }))?;
         let options = NodeOptions {
             bin_dir: bin_dir(),
             insecure_registry: Some(registry.host_port()),
-            tunnel_key: Some(key),
+            tunnel: true,
             kubelet_args: vec![
                 format!("--cluster-dns={}", clusterdns::CLUSTER_DNS_IP),
                 format!("--cluster-domain={}", clusterdns::CLUSTER_DOMAIN),

@@ -182,12 +182,8 @@ async fn start_hpk_nodes(
     let mut apply = cp.kubectl().args(["apply", "-f", "-"]).stdin(std::process::Stdio::piped()).spawn()?;
     std::io::Write::write_all(&mut apply.stdin.take().context("stdin")?, PEER_READER_RBAC.as_bytes())?;
     anyhow::ensure!(apply.wait()?.success(), "kubectl apply of the node RBAC failed");
-    let key = cp.dir().join("tunnel.key");
-    let generated =
-        std::process::Command::new(bin_dir.join("hpk-net-forwarder")).arg("gen-key").arg(&key).status();
-    anyhow::ensure!(generated.is_ok_and(|s| s.success()), "hpk-net-forwarder gen-key failed");
     let node_options =
-        NodeOptions { bin_dir, insecure_registry, tunnel_key: Some(key), kubelet_args, kube_proxy: true };
+        NodeOptions { bin_dir, insecure_registry, tunnel: true, kubelet_args, kube_proxy: true };
     let mut nodes = Vec::new();
     for name in names {
         let node = HpkNode::start(cp, name, &cp.dir().join("hpk").join(name), &node_options)?;

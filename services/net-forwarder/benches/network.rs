@@ -173,7 +173,7 @@ fn run(settings: &Settings) -> Result<bool> {
     // 4. Pod → pod across bubbles, one on each test host.
     let key_dir = tempfile::tempdir()?;
     let across = if bubble::has_tunnel() {
-        Some(Across::start(&host1, &host2, &key_dir.path().join("cluster.key")).context("path 4")?)
+        Some(Across::start(&host1, &host2, key_dir.path()).context("path 4")?)
     } else {
         None
     };
@@ -288,14 +288,21 @@ struct Across {
 }
 
 impl Across {
-    fn start(host1: &dyn Netns, host2: &dyn Netns, key: &Path) -> Result<Self> {
-        bubble::gen_key(key)?;
+    fn start(host1: &dyn Netns, host2: &dyn Netns, key_dir: &Path) -> Result<Self> {
+        let keys = [key_dir.join("host1.key"), key_dir.join("host2.key")];
+        let public = [bubble::gen_key(&keys[0])?, bubble::gen_key(&keys[1])?];
         let cidrs = ["10.251.11.0/24", "10.251.12.0/24"];
         let endpoint = |host: Ipv4Addr| SocketAddrV4::new(host, TUNNEL_PORT);
         let tunnel = |own: usize| Tunnel {
             bind: endpoint([HOST1, HOST2][own]),
-            key,
-            peers: vec![format!("host{}={}@{}", 2 - own, cidrs[1 - own], endpoint([HOST1, HOST2][1 - own]))],
+            key: &keys[own],
+            peers: vec![format!(
+                "host{}={}@{}/{}",
+                2 - own,
+                cidrs[1 - own],
+                endpoint([HOST1, HOST2][1 - own]),
+                public[1 - own]
+            )],
         };
         let mut b1 = Bubble::start(host1, cidrs[0], Some(tunnel(0))).context("bubble on host 1")?;
         let mut b2 = Bubble::start(host2, cidrs[1], Some(tunnel(1))).context("bubble on host 2")?;
@@ -319,7 +326,7 @@ impl Across {
             };
             text += &format!(
                 "\n- host {}: tx {} packets / {} bytes ({:.0} bytes per packet), rx {} / {}; dropped: auth {}, \
-                 replay {}, malformed {}, no route {}, tx errors {}, rx errors {}",
+                 replay {}, malformed {}, spoofed {}, no route {}, tx errors {}, rx errors {}",
                 i + 1,
                 t.tx_packets,
                 t.tx_bytes,
@@ -329,6 +336,7 @@ impl Across {
                 t.rx_dropped_auth,
                 t.rx_dropped_replay,
                 t.rx_dropped_malformed,
+                t.rx_dropped_spoofed,
                 t.tx_dropped_no_route,
                 t.tx_dropped_error,
                 t.rx_dropped_error

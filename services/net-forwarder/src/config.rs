@@ -38,9 +38,12 @@ pub struct ServeArgs {
     /// net-forwarder that runs without a bubble).
     #[arg(long, env = "HPK_TUNNEL_LISTEN")]
     pub tunnel_listen: Option<SocketAddrV4>,
-    /// The cluster's tunnel key: 64 hexadecimal digits in a file of mode 0600 (`gen-key`).
-    #[arg(long, env = "HPK_TUNNEL_KEY_FILE")]
-    pub tunnel_key_file: Option<PathBuf>,
+    /// The tunnel's X25519 private key, for static set-ups whose `--peer` flags name this
+    /// node's public key: 64 hexadecimal digits in a file of mode 0600 owned by this user
+    /// (`tunnel-private-key`). Without it each run makes a new key pair in memory and publishes
+    /// the public key on its Node, which is what a cluster does.
+    #[arg(long, env = "HPK_TUNNEL_PRIVATE_KEY_FILE")]
+    pub tunnel_private_key_file: Option<PathBuf>,
     /// The host address the other nodes send to, when the socket is bound to 0.0.0.0.
     #[arg(long, env = "HPK_TUNNEL_ADVERTISE")]
     pub tunnel_advertise: Option<Ipv4Addr>,
@@ -50,7 +53,8 @@ pub struct ServeArgs {
     #[arg(long, env = "HPK_TUNNEL_MTU", default_value_t = 1500,
           value_parser = clap::value_parser!(u32).range(MIN_MTU as i64..=MAX_MTU as i64))]
     pub tunnel_mtu: u32,
-    /// A static peer, NAME=CIDR@ADDRESS:PORT (repeatable); the Kubernetes API adds the others.
+    /// A static peer, NAME=CIDR@ADDRESS:PORT/PUBLIC-KEY (repeatable; the key is 64 lowercase
+    /// hexadecimal digits, see `tunnel-public-key`); the Kubernetes API adds the others.
     #[arg(long = "peer", value_parser = parse_peer)]
     pub peers: Vec<Peer>,
     /// Serve Prometheus metrics over HTTP on this loopback address (inside the bubble, its own

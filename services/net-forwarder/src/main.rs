@@ -35,10 +35,17 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Write a new cluster tunnel key (mode 0600) to PATH; an existing file is never replaced.
-    GenKey {
+    /// Write a new tunnel private key (created mode 0600) to PATH, for `--tunnel-private-key-file`,
+    /// and print its public key; an existing file is never replaced.
+    TunnelPrivateKey {
         /// Where to write it.
         path: PathBuf,
+    },
+    /// Print the public key (for the other nodes' `--peer` flags) of a tunnel private key file.
+    TunnelPublicKey {
+        /// The private key file (mode 0600).
+        #[arg(long)]
+        private_key_file: PathBuf,
     },
     /// Internal: create a TAP in the network namespace received on stdin, send it back.
     #[command(hide = true)]
@@ -54,7 +61,12 @@ fn main() -> ExitCode {
         Command::TunnelSocket { bind, command } => {
             Err(hpk_net_forwarder::inherit::exec_with_socket(bind, &command))
         }
-        Command::GenKey { path } => hpk_net_forwarder::tunnel::keyfile::generate(&path),
+        Command::TunnelPrivateKey { path } => {
+            hpk_net_forwarder::tunnel::keyfile::generate(&path).map(|id| println!("{}", id.public()))
+        }
+        Command::TunnelPublicKey { private_key_file } => {
+            hpk_net_forwarder::tunnel::keyfile::load(&private_key_file).map(|id| println!("{}", id.public()))
+        }
         Command::Serve(args) => serve(args),
         Command::OpenTap(args) => hpk_net_forwarder::tap::helper::serve_open_tap(&args),
     };

@@ -155,6 +155,7 @@ pub fn render(stats: &pb::StatsResponse, attached: usize, free: u32) -> String {
             (r#"{direction="rx",reason="auth"}"#.into(), t.rx_dropped_auth),
             (r#"{direction="rx",reason="replay"}"#.into(), t.rx_dropped_replay),
             (r#"{direction="rx",reason="malformed"}"#.into(), t.rx_dropped_malformed),
+            (r#"{direction="rx",reason="spoofed"}"#.into(), t.rx_dropped_spoofed),
             (r#"{direction="rx",reason="incomplete"}"#.into(), t.rx_dropped_incomplete),
             (r#"{direction="rx",reason="error"}"#.into(), t.rx_dropped_error),
             (r#"{direction="tx",reason="no_route"}"#.into(), t.tx_dropped_no_route),
@@ -164,7 +165,7 @@ pub fn render(stats: &pb::StatsResponse, attached: usize, free: u32) -> String {
     family(
         "hpk_net_peers_refused_total",
         "counter",
-        "Other nodes not routed: malformed or overlapping.",
+        "Other nodes not routed: malformed, overlapping, or sharing an endpoint or key.",
         vec![(String::new(), t.peers_refused)],
     );
     let peers = |f: fn(&pb::PeerStats) -> [(&'static str, u64); 2]| {
@@ -212,6 +213,7 @@ mod tests {
             tunnel: Some(pb::TunnelStats {
                 tx_packets: 7,
                 rx_dropped_auth: 2,
+                rx_dropped_spoofed: 3,
                 peers: vec![pb::PeerStats { node: "n\"2".into(), tx_packets: 5, ..Default::default() }],
                 ..Default::default()
             }),
@@ -225,6 +227,7 @@ mod tests {
             r#"hpk_net_pod_bytes_total{sandbox="s1",direction="rx"} 400"#,
             r#"hpk_net_tunnel_packets_total{direction="tx"} 7"#,
             r#"hpk_net_tunnel_dropped_total{direction="rx",reason="auth"} 2"#,
+            r#"hpk_net_tunnel_dropped_total{direction="rx",reason="spoofed"} 3"#,
             r#"hpk_net_peer_packets_total{node="n\"2",direction="tx"} 5"#,
             "# TYPE hpk_net_tunnel_dropped_total counter",
         ] {

@@ -1,10 +1,12 @@
-//! The Kubernetes side of the tunnel: this node's pod CIDR, its published tunnel endpoint, and
-//! the other nodes as [`Peer`]s, all read from and written to the Node objects, as the node's
-//! own identity (`system:node:<name>`).
+//! The Kubernetes side of the tunnel: this node's pod CIDR, its published tunnel endpoint and
+//! public key, and the other nodes as [`Peer`]s, all read from and written to the Node objects,
+//! as the node's own identity (`system:node:<name>`).
 //!
-//! A Node becomes a peer once it has a `spec.podCIDR` (the controller-manager allocates it) and
-//! an [`ENDPOINT_ANNOTATION`] (its net-forwarder publishes it). Until then it is not an error,
-//! only not yet a peer; a value that does not parse is skipped, logged and counted.
+//! A Node becomes a peer once it has a `spec.podCIDR` (the controller-manager allocates it), an
+//! [`ENDPOINT_ANNOTATION`] and a [`PUBLIC_KEY_ANNOTATION`] (its net-forwarder publishes both in
+//! one patch). Until then it is not an error, only not yet a peer; a value that does not parse
+//! is skipped, logged and counted. NodeRestriction lets a node patch only its own Node, so the
+//! key on a Node is the one that node's net-forwarder made.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddrV4;
@@ -26,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::cidr::PodCidr;
-use crate::peers::{ENDPOINT_ANNOTATION, Peer, parse_endpoint, validate};
+use crate::peers::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION, Peer, parse_endpoint, validate};
+use crate::tunnel::identity::PublicKey;
 use crate::{Error, Result};
 
 /// The first pause between retries of a failed API request; it doubles up to [`MAX_RETRY_DELAY`].
@@ -84,19 +87,28 @@ impl NodeSync {
         }
     }
 
-    /// Publishes this node's tunnel endpoint in its [`ENDPOINT_ANNOTATION`] (a merge patch of
-    /// the Node, which NodeRestriction lets a node do to itself). Retried within `timeout`.
-    pub async fn publish_endpoint(&self, endpoint: SocketAddrV4, timeout: Duration) -> Result<()> {
+    /// Publishes this node's tunnel endpoint and public key in its [`ENDPOINT_ANNOTATION`] and
+    /// [`PUBLIC_KEY_ANNOTATION`], in one merge patch of the Node (which NodeRestriction lets a
+    /// node do to itself only), so no peer sees the new endpoint with the old key or the other
+    /// way round. Retried within `timeout`.
+    pub async fn publish_tunnel(
+        &self,
+        endpoint: SocketAddrV4,
+        key: &PublicKey,
+        timeout: Duration,
+    ) -> Result<()> {
         // Refuse what no peer would accept, rather than publish it.
         parse_endpoint(&endpoint.to_string())?;
+        PublicKey::parse(&key.to_string())?;
         let api: Api<Node> = Api::all(self.client.clone());
-        let patch = Patch::Merge(
-            serde_json::json!({"metadata": {"annotations": {ENDPOINT_ANNOTATION: endpoint.to_string()}}}),
-        );
+        let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+            ENDPOINT_ANNOTATION: endpoint.to_string(),
+            PUBLIC_KEY_ANNOTATION: key.to_string(),
+        }}}));
         let params = PatchParams::default();
-        let what = format!("publish tunnel endpoint {endpoint} on Node {}", self.node);
+        let what = format!("publish tunnel endpoint {endpoint} and public key on Node {}", self.node);
         retry(&what, timeout, || api.patch(&self.node, &params, &patch)).await?;
-        info!(node = %self.node, %endpoint, "tunnel endpoint published");
+        info!(node = %self.node, %endpoint, public_key = %key, "tunnel endpoint and public key published");
         Ok(())
     }
 
@@ -295,29 +307,37 @@ impl OwnNode {
     }
 }
 
-/// The two fields of a Node that make it a peer, as published (unparsed).
+/// The three fields of a Node that make it a peer, as published (unparsed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Advert {
     pod_cidr: Option<String>,
     endpoint: Option<String>,
+    public_key: Option<String>,
 }
 
 impl Advert {
     fn of(node: &Node) -> Self {
+        let annotation = |key: &str| node.metadata.annotations.as_ref().and_then(|a| a.get(key).cloned());
         Self {
             pod_cidr: node.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
-            endpoint: node.metadata.annotations.as_ref().and_then(|a| a.get(ENDPOINT_ANNOTATION).cloned()),
+            endpoint: annotation(ENDPOINT_ANNOTATION),
+            public_key: annotation(PUBLIC_KEY_ANNOTATION),
         }
     }
 
-    /// `Ok(None)` while either field is missing (not yet a peer); an error names the bad value.
+    /// `Ok(None)` while any field is missing (not yet a peer); an error names the bad value.
     fn peer(&self, name: &str) -> Result<Option<Peer>> {
-        let (Some(cidr), Some(endpoint)) = (&self.pod_cidr, &self.endpoint) else { return Ok(None) };
+        let (Some(cidr), Some(endpoint), Some(key)) = (&self.pod_cidr, &self.endpoint, &self.public_key)
+        else {
+            return Ok(None);
+        };
         let bad = |what: String| Error::InvalidArgument(format!("Node {name}: {what}"));
         let pod_cidr = cidr.parse::<PodCidr>().map_err(|e| bad(format!("spec.podCIDR {cidr:?}: {e}")))?;
         let endpoint =
             parse_endpoint(endpoint).map_err(|e| bad(format!("annotation {ENDPOINT_ANNOTATION}: {e}")))?;
-        Ok(Some(Peer { node: name.to_owned(), pod_cidr, endpoint }))
+        let public_key =
+            PublicKey::parse(key).map_err(|e| bad(format!("annotation {PUBLIC_KEY_ANNOTATION}: {e}")))?;
+        Ok(Some(Peer { node: name.to_owned(), pod_cidr, endpoint, public_key }))
     }
 }
 
@@ -332,7 +352,7 @@ pub fn node_pod_cidr(node: &Node) -> Option<Result<PodCidr>> {
 }
 
 /// What Node `node` contributes to the peer list of node `own`: `Ok(None)` for `own` itself and
-/// for a Node without a pod CIDR or endpoint annotation yet; an error names a malformed value.
+/// for a Node without a pod CIDR, endpoint or public key annotation yet; an error names a malformed value.
 pub fn peer_of(node: &Node, own: &str) -> Result<Option<Peer>> {
     let name = node_name(node);
     if name == own {
@@ -374,7 +394,7 @@ impl PeerTable {
         changed
     }
 
-    /// The valid peers, sorted by node. Nodes with a malformed pod CIDR or endpoint, and peers
+    /// The valid peers, sorted by node. Nodes with a malformed pod CIDR, endpoint or key, and peers
     /// [`validate`] refuses, are left out; each new problem is logged and adds one to `bad`.
     pub fn peers(&mut self, bad: &AtomicU64) -> Vec<Peer> {
         let mut problems = HashSet::new();

@@ -2,11 +2,27 @@
 
 use super::*;
 
+/// Node `name`'s public key in these tests.
+fn key_of(name: &str) -> PublicKey {
+    crate::tunnel::identity::Identity::from_secret([name.as_bytes()[0]; 32]).public()
+}
+
+/// A Node; with an endpoint, it also has its valid public key.
 fn node(name: &str, cidr: Option<&str>, endpoint: Option<&str>) -> Node {
+    let key = endpoint.map(|_| key_of(name).to_string());
+    node_with_key(name, cidr, endpoint, key.as_deref())
+}
+
+fn node_with_key(name: &str, cidr: Option<&str>, endpoint: Option<&str>, key: Option<&str>) -> Node {
     let mut node = Node::default();
     node.metadata.name = Some(name.into());
-    if let Some(endpoint) = endpoint {
-        node.metadata.annotations = Some([(ENDPOINT_ANNOTATION.to_owned(), endpoint.to_owned())].into());
+    let annotations: BTreeMap<String, String> =
+        [(ENDPOINT_ANNOTATION, endpoint), (PUBLIC_KEY_ANNOTATION, key)]
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+            .collect();
+    if !annotations.is_empty() {
+        node.metadata.annotations = Some(annotations);
     }
     node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
         pod_cidr: cidr.map(str::to_owned),
@@ -27,7 +43,8 @@ fn a_node_with_cidr_and_endpoint_is_a_peer() {
         Some(Peer {
             node: "b".into(),
             pod_cidr: "10.244.1.0/24".parse().expect("literal"),
-            endpoint: "10.250.0.3:4789".parse().expect("literal")
+            endpoint: "10.250.0.3:4789".parse().expect("literal"),
+            public_key: key_of("b"),
         })
     );
 }
@@ -37,6 +54,11 @@ fn missing_fields_and_self_are_not_peers_yet() {
     assert_eq!(peer_of(&node("b", Some("10.244.1.0/24"), None), "a").expect("well-formed"), None);
     assert_eq!(peer_of(&node("b", None, Some("10.250.0.3:4789")), "a").expect("well-formed"), None);
     assert_eq!(peer_of(&Node::default(), "a").expect("well-formed"), None);
+    let keyless = node_with_key("b", Some("10.244.1.0/24"), Some("10.250.0.3:4789"), None);
+    assert_eq!(peer_of(&keyless, "a").expect("well-formed"), None, "no key published yet");
+    let key = key_of("b").to_string();
+    let endpointless = node_with_key("b", Some("10.244.1.0/24"), None, Some(&key));
+    assert_eq!(peer_of(&endpointless, "a").expect("well-formed"), None);
     assert_eq!(
         peer_of(&node("a", Some("10.244.1.0/24"), Some("10.250.0.3:4789")), "a").expect("well-formed"),
         None
@@ -51,6 +73,25 @@ fn malformed_values_are_errors_that_name_node_and_value() {
         assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
         assert!(msg.contains("Node b") && msg.contains(&format!("{bad:?}")), "{msg}");
         assert!(msg.contains(ENDPOINT_ANNOTATION), "{msg}");
+    }
+    let good = key_of("b").to_string();
+    for bad in [
+        String::new(),
+        "garbage".to_owned(),
+        good.to_uppercase(),
+        format!(" {good}"),
+        good[..62].to_owned(),
+        format!("{good}00"),
+        "00".repeat(32),
+        // A point of order 8: every shared secret with it is zero.
+        "5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157".to_owned(),
+    ] {
+        let n = node_with_key("b", Some("10.244.1.0/24"), Some("10.250.0.3:4789"), Some(&bad));
+        let e = peer_of(&n, "a").expect_err("malformed key");
+        let msg = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e}");
+        assert!(msg.contains("Node b") && msg.contains(PUBLIC_KEY_ANNOTATION), "{msg}");
+        assert!(msg.contains(&format!("{bad:?}")), "{msg}");
     }
     for bad in ["10.244.1.5/24", "fd00::/64", "x"] {
         let e = peer_of(&node("b", Some(bad), Some("10.250.0.3:4789")), "a").expect_err("malformed");
@@ -126,6 +167,12 @@ fn the_table_counts_each_problem_once_while_it_lasts() {
     assert!(!table.delete(&node("b", None, None)));
     assert_eq!(names(table.peers(&bad)), ["c"]);
     assert_eq!(bad.load(Ordering::Relaxed), 3);
+
+    // A malformed key is counted like a malformed endpoint; a missing one is not yet a peer.
+    table.apply(&node_with_key("e", Some("10.244.5.0/24"), Some("10.250.0.6:1"), Some("nope")));
+    table.apply(&node_with_key("f", Some("10.244.6.0/24"), Some("10.250.0.7:1"), None));
+    assert_eq!(names(table.peers(&bad)), ["c"]);
+    assert_eq!(bad.load(Ordering::Relaxed), 4);
 }
 
 #[test]

@@ -17,6 +17,7 @@ use crate::link::Netlink;
 use crate::nodes::NodeSync;
 use crate::peers::{self, Peer};
 use crate::service::{Context, Service};
+use crate::tunnel::identity::Identity;
 use crate::tunnel::routes::Routes;
 use crate::tunnel::{Tunnel, keyfile};
 use crate::{Error, Result};
@@ -43,8 +44,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     let mut context = Context::new(ipam, Netlink::new()?.with_attach_mode(args.attach_mode), args.mtu);
     if let Some((tunnel, routes)) = start_tunnel(&args, cidr).await? {
         if let Some(nodes) = nodes {
-            nodes.publish_endpoint(tunnel.endpoint(), NODE_WAIT).await?;
-            info!(node = nodes.node(), endpoint = %tunnel.endpoint(), "tunnel endpoint published on the Node");
+            nodes.publish_tunnel(tunnel.endpoint(), &tunnel.public_key(), NODE_WAIT).await?;
             follow_nodes(nodes, tunnel.clone(), routes, args.peers.clone(), shutdown.clone());
         }
         context = context.with_tunnel(tunnel);
@@ -81,11 +81,11 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
         }
         return Ok(None);
     }
-    let key_file = args
-        .tunnel_key_file
-        .as_ref()
-        .ok_or_else(|| Error::Config("the tunnel needs the cluster's key: --tunnel-key-file".into()))?;
-    let key = keyfile::load(key_file)?;
+    // A new key pair per run unless a static set-up names one: nothing secret on disk.
+    let identity = match &args.tunnel_private_key_file {
+        Some(path) => keyfile::load(path)?,
+        None => Identity::generate()?,
+    };
     let (socket, local) = match (args.tunnel_fd, args.tunnel_listen) {
         (Some(fd), _) => crate::inherit::claim(fd)?,
         (None, Some(addr)) => crate::inherit::bind(addr)?,
@@ -101,7 +101,7 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
             )));
         }
     };
-    let tunnel = Arc::new(Tunnel::start(socket, endpoint, key, cidr, args.tunnel_mtu)?);
+    let tunnel = Arc::new(Tunnel::start(socket, endpoint, identity, cidr, args.tunnel_mtu)?);
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
     let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
@@ -146,8 +146,9 @@ pub async fn apply_peers(tunnel: &Tunnel, routes: &Routes, peers: Vec<Peer>) -> 
     for (peer, why) in &refused {
         warn!(peer = %peer, reason = %why, "peer not routed");
     }
-    tunnel.set_peers(&good);
-    routes.sync(&good, own.bubble_address()).await?;
+    // The tunnel may refuse some more (keys it cannot agree with); only what it took is routed.
+    let taken = tunnel.set_peers(&good);
+    routes.sync(&taken, own.bubble_address()).await?;
     Ok(refused.len())
 }
 

@@ -9,7 +9,8 @@ use hpk_integration::controlplane::{CLUSTER_CIDR, ControlPlane, client_from_kube
 use hpk_net_forwarder::Error;
 use hpk_net_forwarder::cidr::PodCidr;
 use hpk_net_forwarder::nodes::{NodeSync, peer_reader_rbac};
-use hpk_net_forwarder::peers::{ENDPOINT_ANNOTATION, Peer};
+use hpk_net_forwarder::peers::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION, Peer};
+use hpk_net_forwarder::tunnel::identity::{Identity, PublicKey};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -36,11 +37,16 @@ async fn register(cp: &ControlPlane, name: &str) -> NodeSync {
     NodeSync::connect(&kubeconfig, name).await.expect("connect")
 }
 
-/// Sets Node `name`'s endpoint annotation as that node, unchecked.
-async fn annotate(cp: &ControlPlane, name: &str, value: &str) {
+/// Node `name`'s public key in these tests.
+fn key_of(name: &str) -> PublicKey {
+    Identity::from_secret([name.as_bytes()[0]; 32]).public()
+}
+
+/// Sets an annotation of Node `name` as that node, unchecked.
+async fn annotate(cp: &ControlPlane, name: &str, annotation: &str, value: &str) {
     let kubeconfig = cp.node_kubeconfig(name).expect("node kubeconfig");
     let client = client_from_kubeconfig(&kubeconfig).await.expect("node client");
-    let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {ENDPOINT_ANNOTATION: value}}}));
+    let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {annotation: value}}}));
     Api::<Node>::all(client).patch(name, &PatchParams::default(), &patch).await.expect("annotate");
 }
 
@@ -79,23 +85,27 @@ async fn pod_cidr_waits_for_registration_and_allocation_and_the_endpoint_is_publ
     assert_eq!(spec.as_deref(), Some(cidr.to_string().as_str()));
     assert_eq!(a.pod_cidr(Duration::from_secs(10)).await.expect("again"), cidr, "same answer once set");
 
-    // Publishing as the node itself is allowed and visible to others.
-    a.publish_endpoint("10.250.0.2:4789".parse().expect("addr"), WAIT).await.expect("publish");
+    // Publishing as the node itself is allowed and visible to others: endpoint and key together.
+    let key = key_of("a");
+    a.publish_tunnel("10.250.0.2:4789".parse().expect("addr"), &key, WAIT).await.expect("publish");
     let annotations = admin.get("a").await.expect("get a").metadata.annotations.unwrap_or_default();
     assert_eq!(annotations.get(ENDPOINT_ANNOTATION).map(String::as_str), Some("10.250.0.2:4789"));
+    assert_eq!(annotations.get(PUBLIC_KEY_ANNOTATION), Some(&key.to_string()));
 
     // Another node's object is refused (403) at once, not retried until the deadline.
     let a_client = client_from_kubeconfig(&kubeconfig).await.expect("client");
     register(&cp, "b").await;
     let impostor = NodeSync::new(a_client, "b");
     let started = Instant::now();
-    let e = impostor.publish_endpoint("10.250.0.2:4789".parse().expect("addr"), WAIT).await.expect_err("403");
+    let e =
+        impostor.publish_tunnel("10.250.0.2:4789".parse().expect("addr"), &key, WAIT).await.expect_err("403");
     assert!(e.to_string().contains("403"), "{e}");
     assert_eq!(tonic::Status::from(e).code(), tonic::Code::PermissionDenied);
     assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
 
     // An endpoint no peer would accept is refused before it reaches the API server.
-    let e = a.publish_endpoint("0.0.0.0:4789".parse().expect("addr"), WAIT).await.expect_err("unspecified");
+    let e =
+        a.publish_tunnel("0.0.0.0:4789".parse().expect("addr"), &key, WAIT).await.expect_err("unspecified");
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
 }
 
@@ -132,24 +142,36 @@ async fn watch_peers_follows_nodes_and_skips_malformed_annotations() {
     });
 
     // a itself never appears; b does once it has published.
-    annotate(&cp, "a", "10.250.0.2:4789").await;
-    b.publish_endpoint("10.250.0.3:4789".parse().expect("addr"), WAIT).await.expect("publish b");
-    let peer_b =
-        Peer { node: "b".into(), pod_cidr: b_cidr, endpoint: "10.250.0.3:4789".parse().expect("addr") };
+    annotate(&cp, "a", ENDPOINT_ANNOTATION, "10.250.0.2:4789").await;
+    b.publish_tunnel("10.250.0.3:4789".parse().expect("addr"), &key_of("b"), WAIT).await.expect("publish b");
+    let peer_b = Peer {
+        node: "b".into(),
+        pod_cidr: b_cidr,
+        endpoint: "10.250.0.3:4789".parse().expect("addr"),
+        public_key: key_of("b"),
+    };
     wait_peers(&mut rx, "b published", &[&peer_b]).await;
 
+    // An endpoint without a key is not yet a peer, and no problem either.
+    annotate(&cp, "c", ENDPOINT_ANNOTATION, "10.250.0.4:4789").await;
     // A malformed annotation is skipped and counted. The watch delivers events in order, so
     // once b's later change shows, c's bad value has been seen.
-    annotate(&cp, "c", "garbage").await;
-    b.publish_endpoint("10.250.0.3:4790".parse().expect("addr"), WAIT).await.expect("republish b");
+    annotate(&cp, "c", PUBLIC_KEY_ANNOTATION, "garbage").await;
+    b.publish_tunnel("10.250.0.3:4790".parse().expect("addr"), &key_of("b"), WAIT)
+        .await
+        .expect("republish b");
     let peer_b = Peer { endpoint: "10.250.0.3:4790".parse().expect("addr"), ..peer_b };
     wait_peers(&mut rx, "b's new endpoint after c's garbage", &[&peer_b]).await;
     assert_eq!(bad.load(Ordering::Relaxed), 1, "c's garbage counted once");
 
     // Fixed, c appears; the problem is not counted again.
-    c.publish_endpoint("10.250.0.4:4789".parse().expect("addr"), WAIT).await.expect("publish c");
-    let peer_c =
-        Peer { node: "c".into(), pod_cidr: c_cidr, endpoint: "10.250.0.4:4789".parse().expect("addr") };
+    c.publish_tunnel("10.250.0.4:4789".parse().expect("addr"), &key_of("c"), WAIT).await.expect("publish c");
+    let peer_c = Peer {
+        node: "c".into(),
+        pod_cidr: c_cidr,
+        endpoint: "10.250.0.4:4789".parse().expect("addr"),
+        public_key: key_of("c"),
+    };
     wait_peers(&mut rx, "c fixed", &[&peer_b, &peer_c]).await;
     assert_eq!(bad.load(Ordering::Relaxed), 1);
 

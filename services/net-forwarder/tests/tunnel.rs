@@ -4,14 +4,20 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use hpk_net_forwarder::tunnel::chunks::Cutter;
+use hpk_net_forwarder::tunnel::identity::{Identity, PairKeys, PublicKey};
+use hpk_net_forwarder::tunnel::keyfile;
+use hpk_net_forwarder::tunnel::wire::{HEADER_LEN, Sealer, TAG_LEN};
+use hpk_net_forwarder::tuntap::VNET_HDR_LEN;
 use hpk_proto::netforwarder::v1 as pb;
 use support::hosts::{
     Hosts, Slirp, TunnelServe, assert_unprivileged, gen_key, gen_unprivileged_key, slirp_available,
 };
+use support::raw::{Sniffer, Spoofer, udp_packet};
 use support::{Client, address, attach, bubble, in_netns, tcp_round_trip};
 
 const CIDR_A: &str = "10.244.1.0/24";
@@ -90,7 +96,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     }
     let hosts = Hosts::pair();
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_unprivileged_key(dir.path());
+    let (key_a, public_a) = gen_unprivileged_key(dir.path(), "a.key");
+    let (key_b, public_b) = gen_unprivileged_key(dir.path(), "b.key");
     let (bubble_a, bubble_b) = (hosts.bubble(0), hosts.bubble(1));
     let _slirp_a = Slirp::start(&hosts, 0, &bubble_a);
     let _slirp_b = Slirp::start(&hosts, 1, &bubble_b);
@@ -100,8 +107,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         host: 0,
         pod_cidr: CIDR_A,
         port: port_a,
-        key: &key,
-        peers: vec![format!("b={CIDR_B}@{}:{port_b}", hosts.addr(1))],
+        key: &key_a,
+        peers: vec![format!("b={CIDR_B}@{}:{port_b}/{public_b}", hosts.addr(1))],
         metrics: Some("127.0.0.1:9560"),
     };
     let serve_b = TunnelServe {
@@ -109,8 +116,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         host: 1,
         pod_cidr: CIDR_B,
         port: port_b,
-        key: &key,
-        peers: vec![format!("a={CIDR_A}@{}:{port_a}", hosts.addr(0))],
+        key: &key_b,
+        peers: vec![format!("a={CIDR_A}@{}:{port_a}/{public_a}", hosts.addr(0))],
         metrics: None,
     };
     let server_a = bubble_a.serve_tunnel(&serve_a).await;
@@ -165,7 +172,9 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
     );
     let peer = after.peers.iter().find(|p| p.node == "b").expect("peer b");
     assert!(peer.tx_bytes >= BULK as u64 && peer.rx_packets > 0, "{peer:?}");
-    assert_eq!(after.rx_dropped_auth + after.rx_dropped_replay + after.rx_dropped_malformed, 0, "{after:?}");
+    let drops = after.rx_dropped_auth + after.rx_dropped_replay + after.rx_dropped_malformed;
+    assert_eq!(drops + after.rx_dropped_spoofed, 0, "{after:?}");
+    assert_eq!(after.public_key, public_a, "the key of the file");
 
     // The bubble's egress is slirp4netns: it reaches a listener on the other host's address.
     let host_b = hosts.addr(1);
@@ -190,7 +199,8 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
 
     // Forged datagrams from another process on host B, to B's tunnel port: garbage, well-formed
     // one-chunk messages with a wrong tag, and first chunks of messages that never complete.
-    // All dropped and counted; the pod sees nothing.
+    // None comes from a peer's endpoint: all dropped before reassembly and counted as spoofed;
+    // the pod sees nothing and no reassembly slot is taken.
     let b_stats = tunnel_stats(&mut client_b).await;
     // IPv4 packets pod B takes in (the bubble's ARP probes to it are not IPv4).
     let pod_ip_in = ip_counter(&pod_b.netns_path(), "InReceives");
@@ -201,11 +211,11 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
             s.send_to(&[i; 100], target).expect("send garbage");
             // Chunk 0 of 1 (message i, stride 1388), then a message header; the tag is wrong.
             let mut forged = vec![i; 1400];
-            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 0, i, 0, 1, 0x05, 0x6c]);
-            forged[12..16].copy_from_slice(b"HK\x02\x01");
+            forged[..12].copy_from_slice(&[b'H', b'K', 3, 2, 0, 0, 0, i, 0, 1, 0x05, 0x6c]);
+            forged[12..16].copy_from_slice(b"HK\x03\x01");
             s.send_to(&forged, target).expect("send forgery");
             // Chunk 0 of 3 of message 0x300 + i, whose other chunks never come.
-            forged[..12].copy_from_slice(&[b'H', b'K', 2, 2, 0, 0, 3, i, 0, 3, 0x05, 0x6c]);
+            forged[..12].copy_from_slice(&[b'H', b'K', 3, 2, 0, 0, 3, i, 0, 3, 0x05, 0x6c]);
             s.send_to(&forged, target).expect("send a lone chunk");
         }
     });
@@ -214,17 +224,22 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         let b_stats = b_stats.clone();
         async move {
             let now = tunnel_stats(&mut c).await;
-            now.rx_dropped_malformed - b_stats.rx_dropped_malformed == 50
-                && now.rx_dropped_auth - b_stats.rx_dropped_auth == 50
-                // The forger's address holds 4 messages in progress; each newer one pushes one out.
-                && now.rx_dropped_incomplete - b_stats.rx_dropped_incomplete == 46
+            now.rx_dropped_spoofed - b_stats.rx_dropped_spoofed == 150
         }
     })
     .await;
+    let now = tunnel_stats(&mut client_b).await;
+    assert_eq!(
+        (now.rx_dropped_malformed, now.rx_dropped_auth, now.rx_dropped_incomplete, now.rx_reassembling),
+        (b_stats.rx_dropped_malformed, b_stats.rx_dropped_auth, b_stats.rx_dropped_incomplete, 0),
+        "strangers' datagrams reached reassembly or opening: {now:?}"
+    );
+    assert_eq!(now.rx_senders, 1, "{now:?}");
     assert_eq!(ip_counter(&pod_b.netns_path(), "InReceives"), pod_ip_in, "pod B received a packet");
     assert!(pod_a.ping(ip_b), "the tunnel stopped serving after the forgeries");
 
-    // Restart of A's net-forwarder: an open connection survives, the address stays.
+    // Restart of A's net-forwarder (with its key file, so B's --peer still names it, and a
+    // counter that starts above the last run's): an open connection survives, the address stays.
     let listener = in_netns(&pod_b.netns_path(), move || TcpListener::bind((ip_b, 0)).expect("bind"));
     let addr = listener.local_addr().expect("addr");
     let echo = std::thread::spawn(move || {
@@ -317,47 +332,67 @@ fn bad_tunnel_set_ups_fail_clearly() {
     let Some(probe) = bubble() else { return };
     drop(probe);
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_key(dir.path());
+    let (key, public) = gen_key(dir.path(), "tunnel.key");
     let key = key.to_str().expect("utf-8 path");
 
-    let (code, err) = serve_fails(&[]);
-    assert!(code != 0 && err.contains("--tunnel-key-file"), "{code}: {err}");
+    // The public key of a private key file, as the other nodes' --peer flags need it.
+    let printed = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+        .args(["tunnel-public-key", "--private-key-file", key])
+        .output()
+        .expect("tunnel-public-key");
+    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    assert_eq!(String::from_utf8_lossy(&printed.stdout).trim(), public);
 
     let open = dir.path().join("open.key");
     std::fs::copy(key, &open).expect("copy");
-    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
-    let (code, err) = serve_fails(&["--tunnel-key-file", open.to_str().expect("utf-8")]);
-    assert!(code != 0 && err.contains("mode 0644") && err.contains("chmod 0600"), "{code}: {err}");
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o640)).expect("chmod");
+    let open = open.to_str().expect("utf-8");
+    let (code, err) = serve_fails(&["--tunnel-private-key-file", open]);
+    assert!(code != 0 && err.contains("mode 0640") && err.contains("chmod 0600"), "{code}: {err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+        .args(["tunnel-public-key", "--private-key-file", open])
+        .output()
+        .expect("tunnel-public-key");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("mode 0640"));
 
-    let (code, err) = serve_fails(&["--tunnel-key-file", key, "--peer", "b=10.244.2.0/24"]);
-    assert!(code != 0 && err.contains("NAME=CIDR@ADDRESS:PORT"), "{code}: {err}");
+    // A peer without a key, with a key in capitals, with a low-order key.
+    let (code, err) = serve_fails(&["--peer", "b=10.244.2.0/24@127.0.0.1:9"]);
+    assert!(code != 0 && err.contains("NAME=CIDR@ADDRESS:PORT/PUBLIC-KEY"), "{code}: {err}");
+    let upper = format!("b=10.244.2.0/24@127.0.0.1:9/{}", public.to_uppercase());
+    let (code, err) = serve_fails(&["--peer", &upper]);
+    assert!(code != 0 && err.contains("64 lowercase hexadecimal digits"), "{code}: {err}");
+    let low = format!("b=10.244.2.0/24@127.0.0.1:9/{}", "00".repeat(32));
+    let (code, err) = serve_fails(&["--peer", &low]);
+    assert!(code != 0 && err.contains("low-order"), "{code}: {err}");
 
-    let (code, err) = serve_exits(true, &["--tunnel-listen", "0.0.0.0:0", "--tunnel-key-file", key]);
+    let (code, err) = serve_exits(true, &["--tunnel-listen", "0.0.0.0:0", "--tunnel-private-key-file", key]);
     assert!(code != 0 && err.contains("--tunnel-advertise"), "{code}: {err}");
 
-    let (code, err) = serve_fails(&["--tunnel-key-file", key, "--tunnel-fd", "0"]);
+    let (code, err) = serve_fails(&["--tunnel-private-key-file", key, "--tunnel-fd", "0"]);
     assert!(code != 0 && err.contains("cannot be used with"), "{code}: {err}");
 
-    let (code, err) = serve_exits(false, &["--tunnel-fd", "1000", "--tunnel-key-file", key]);
+    let (code, err) = serve_exits(false, &["--tunnel-fd", "1000"]);
     assert!(code != 0 && err.contains("no such open descriptor"), "{code}: {err}");
 
     let again = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .arg("gen-key")
+        .arg("tunnel-private-key")
         .arg(key)
         .output()
-        .expect("gen-key");
-    assert!(!again.status.success(), "gen-key replaced an existing key");
+        .expect("tunnel-private-key");
+    assert!(!again.status.success(), "tunnel-private-key replaced an existing key");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_overlapping_this_node_is_not_routed() {
     let Some(bubble) = bubble() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_key(dir.path());
-    let key = key.to_str().expect("utf-8 path");
-    let peer_b = format!("b={CIDR_B}@127.0.0.1:9");
-    let tunnel = ["--tunnel-listen", "127.0.0.1:0", "--tunnel-key-file", key];
-    let peers = ["--peer", "self=10.244.0.0/16@127.0.0.1:9", "--peer", &peer_b];
+    let (_, public_b) = gen_key(dir.path(), "b.key");
+    let (_, public_self) = gen_key(dir.path(), "self.key");
+    let peer_b = format!("b={CIDR_B}@127.0.0.1:9/{public_b}");
+    let peer_self = format!("self=10.244.0.0/16@127.0.0.1:10/{public_self}");
+    // No key file: the key pair is made in memory.
+    let tunnel = ["--tunnel-listen", "127.0.0.1:0"];
+    let peers = ["--peer", &peer_self, "--peer", &peer_b];
     let server = bubble.serve_with(CIDR_A, &[&tunnel[..], &peers[..]].concat()).await;
     let routes = server.client().routes(pb::RoutesRequest {}).await.expect("routes").into_inner().routes;
     let nodes: Vec<&str> = routes.iter().map(|r| r.node.as_str()).collect();
@@ -379,4 +414,187 @@ async fn a_peer_overlapping_this_node_is_not_routed() {
     assert_eq!(stats.peers.len(), 1);
     assert_eq!(stats.peers[0].tx_packets, stats.tx_packets);
     server.stop();
+}
+
+/// A one-chunk tunnel datagram carrying a UDP packet `src` → `dst`, sealed with `keys` by
+/// `sealer`: what a node with those keys would send.
+fn sealed(sealer: &mut Sealer, keys: &PairKeys, src: Ipv4Addr, dst: SocketAddrV4, data: &[u8]) -> Vec<u8> {
+    let packet = udp_packet(SocketAddrV4::new(src, 4242), dst, data);
+    let payload = VNET_HDR_LEN + packet.len();
+    let mut message = vec![0u8; HEADER_LEN + payload + TAG_LEN];
+    message[HEADER_LEN + VNET_HDR_LEN..HEADER_LEN + payload].copy_from_slice(&packet);
+    let n = sealer.seal(&keys.seal, &mut message, payload).expect("seal");
+    message.truncate(n);
+    let mut datagram = Cutter::new(1500).expect("MTU").header(sealer.counter() as u32, 0, 1).to_vec();
+    datagram.extend_from_slice(&message);
+    datagram
+}
+
+/// The attacks of the security review's H1 and M5 on a running tunnel A → B: a genuine datagram
+/// captured on the wire and replayed from other addresses and from its sender's own, one sealed
+/// by a node not in the table, one sealed by the genuine peer A but carrying a packet from
+/// outside A's pod CIDR, one with A's key id and a forged tag, and lone first chunks from
+/// strangers. None reaches the pod, each is counted for what it is, and B keeps no state for
+/// any of them; genuine traffic carries on.
+#[tokio::test(flavor = "multi_thread")]
+async fn replayed_and_spoofed_datagrams_are_neither_delivered_nor_stored() {
+    let Some(probe) = bubble() else { return };
+    drop(probe);
+    let hosts = Hosts::pair();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (key_a, public_a) = gen_unprivileged_key(dir.path(), "a.key");
+    let (key_b, public_b) = gen_unprivileged_key(dir.path(), "b.key");
+    let (bubble_a, bubble_b) = (hosts.bubble(0), hosts.bubble(1));
+    let (port_a, port_b) = (hosts.free_udp_port(0), hosts.free_udp_port(1));
+    let serve_a = TunnelServe {
+        hosts: &hosts,
+        host: 0,
+        pod_cidr: CIDR_A,
+        port: port_a,
+        key: &key_a,
+        peers: vec![format!("b={CIDR_B}@{}:{port_b}/{public_b}", hosts.addr(1))],
+        metrics: None,
+    };
+    let serve_b = TunnelServe {
+        hosts: &hosts,
+        host: 1,
+        pod_cidr: CIDR_B,
+        port: port_b,
+        key: &key_b,
+        peers: vec![format!("a={CIDR_A}@{}:{port_a}/{public_a}", hosts.addr(0))],
+        metrics: None,
+    };
+    let (endpoint_a, endpoint_b) = (serve_a.endpoint(), serve_b.endpoint());
+    let server_a = bubble_a.serve_tunnel(&serve_a).await;
+    let server_b = bubble_b.serve_tunnel(&serve_b).await;
+    let (mut client_a, mut client_b) = (server_a.client(), server_b.client());
+    let (pod_a, pod_b) = (bubble_a.pod(), bubble_b.pod());
+    let ip_a = address(&attach(&mut client_a, "pod-a", &pod_a).await);
+    let ip_b = address(&attach(&mut client_b, "pod-b", &pod_b).await);
+    assert!(pod_a.ping(ip_b), "pod A cannot ping pod B");
+
+    // A UDP service in pod B, and a genuine datagram to it from pod A, captured on host B.
+    let service = in_netns(&pod_b.netns_path(), move || UdpSocket::bind((ip_b, 0)).expect("bind"));
+    service.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let service_addr = match service.local_addr().expect("addr") {
+        SocketAddr::V4(a) => a,
+        other => panic!("{other}"),
+    };
+    let sniffer = in_netns(&hosts.netns(1), Sniffer::new);
+    let capture = std::thread::spawn(move || {
+        sniffer.capture(Duration::from_secs(5), |d| {
+            d.from == endpoint_a
+                && d.to == endpoint_b
+                && d.payload.starts_with(b"HK\x03\x02")
+                && d.payload[9] == 1
+        })
+    });
+    in_netns(&pod_a.netns_path(), move || {
+        let s = UdpSocket::bind((ip_a, 0)).expect("bind");
+        s.send_to(b"genuine", service_addr).expect("send");
+    });
+    let mut buf = [0u8; 2048];
+    let (n, _) = service.recv_from(&mut buf).expect("the genuine datagram arrives");
+    assert_eq!(&buf[..n], b"genuine");
+    let captured = capture.join().expect("capture thread").expect("the tunnel datagram A → B on the wire");
+
+    let before = tunnel_stats(&mut client_b).await;
+    let pod_ip_in = ip_counter(&pod_b.netns_path(), "InReceives");
+    let spoofer = in_netns(&hosts.netns(0), Spoofer::new);
+    let lan = |host: u8| {
+        let o = hosts.addr(0).octets();
+        Ipv4Addr::new(o[0], o[1], o[2], host)
+    };
+
+    // (a) The capture replayed from 10 other sources: A's address with other ports, and other
+    // addresses with A's port. Before, each new address got fresh replay state and a delivery.
+    for i in 0..5u16 {
+        spoofer.send(SocketAddrV4::new(*endpoint_a.ip(), 20_000 + i), endpoint_b, &captured.payload);
+        spoofer.send(SocketAddrV4::new(lan(100 + i as u8), port_a), endpoint_b, &captured.payload);
+    }
+    // (b) The capture replayed from its genuine source, three times.
+    for _ in 0..3 {
+        spoofer.send(endpoint_a, endpoint_b, &captured.payload);
+    }
+    // (c) Sealed correctly for B, by a node that is not in B's table, from A's endpoint.
+    let stranger = Identity::generate().expect("a key pair");
+    let b_key = PublicKey::parse(&public_b).expect("B's key");
+    let mut sealer = Sealer::new(stranger.public().key_id(), 0);
+    let keys = stranger.pair(&b_key).expect("keys");
+    spoofer.send(endpoint_a, endpoint_b, &sealed(&mut sealer, &keys, ip_a, service_addr, b"stranger"));
+    // (d) Sealed by A itself (its key file), from A's endpoint, but from outside A's pod CIDR:
+    // a node impersonating another node's pod (a DNS answer, say).
+    let a = keyfile::parse(&std::fs::read_to_string(&key_a).expect("A's key")).expect("parse");
+    assert_eq!(a.public().to_string(), public_a);
+    // A's run counts from its start time; the capture says where it is. Ahead of it, so that
+    // the window would take the message, and nothing else refuses it but the source check.
+    let mut counter = [0u8; 8];
+    counter.copy_from_slice(&captured.payload[12 + 12..12 + 20]);
+    let counter = u64::from_be_bytes(counter);
+    let mut sealer = Sealer::new(a.public().key_id(), counter + 1_000_000);
+    let keys = a.pair(&b_key).expect("keys");
+    let outside = Ipv4Addr::new(10, 244, 9, 9);
+    spoofer.send(endpoint_a, endpoint_b, &sealed(&mut sealer, &keys, outside, service_addr, b"spoofed pod"));
+    // (e) A's key id and a fresh counter, but a tag made without A's key.
+    let mut forged = captured.payload.clone();
+    forged[12 + 12..12 + 20].copy_from_slice(&(counter + 2_000_000).to_be_bytes());
+    spoofer.send(endpoint_a, endpoint_b, &forged);
+    // (f) First chunks of 3 from strangers: before, each took a reassembly slot.
+    for i in 0..4u8 {
+        let mut lone = captured.payload.clone();
+        lone[4..12].copy_from_slice(&[0, 0, 7, i, 0, 3, 0, 4]);
+        lone.truncate(16);
+        spoofer.send(SocketAddrV4::new(lan(120 + i), 40_000), endpoint_b, &lone);
+    }
+
+    let want = |s: &pb::TunnelStats| {
+        (
+            s.rx_dropped_spoofed - before.rx_dropped_spoofed,
+            s.rx_dropped_replay - before.rx_dropped_replay,
+            s.rx_dropped_auth - before.rx_dropped_auth,
+        )
+    };
+    // (spoofed: 10 replays, the stranger, the packet from outside A's CIDR, 4 lone chunks;
+    // replays: 3; auth: the forged tag)
+    let expected = (10 + 1 + 1 + 4, 3, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let now = tunnel_stats(&mut client_b).await;
+        if want(&now) == expected {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "(spoofed, replay, auth) {:?}, want {expected:?}: {now:?}",
+            want(&now)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(after.rx_packets, before.rx_packets, "an attack datagram was delivered: {after:?}");
+    assert_eq!(
+        (after.rx_dropped_malformed, after.rx_dropped_incomplete),
+        (before.rx_dropped_malformed, before.rx_dropped_incomplete),
+        "{after:?}"
+    );
+    // No state for any of it: one sender (A), nothing in reassembly, the peer table as it was.
+    assert_eq!((after.rx_senders, after.rx_reassembling, after.peers.len()), (1, 0, 1), "{after:?}");
+    assert_eq!(after.peers[0].public_key, public_a);
+    // Pod B received none of it.
+    service.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+    if let Ok((n, from)) = service.recv_from(&mut buf) {
+        panic!("pod B received {:?} from {from}", String::from_utf8_lossy(&buf[..n]));
+    }
+    assert_eq!(ip_counter(&pod_b.netns_path(), "InReceives"), pod_ip_in, "pod B received a packet");
+
+    // Genuine traffic carries on, A's window untouched by what was refused.
+    in_netns(&pod_a.netns_path(), move || {
+        let s = UdpSocket::bind((ip_a, 0)).expect("bind");
+        s.send_to(b"after", service_addr).expect("send");
+    });
+    service.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let (n, _) = service.recv_from(&mut buf).expect("genuine traffic after the attacks");
+    assert_eq!(&buf[..n], b"after");
+    assert!(pod_b.ping(ip_a) && pod_a.ping(ip_b), "the tunnel stopped serving after the attacks");
+    server_a.stop();
+    server_b.stop();
 }

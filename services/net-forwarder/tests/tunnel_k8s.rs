@@ -2,8 +2,8 @@
 //! plane, two node test hosts on its bridge, on each a bubble whose only way out is slirp4netns
 //! (so the net-forwarder reaches the API server through it), and a net-forwarder started as the
 //! bubble launcher will (`tunnel-socket` in the host's namespace) with the node's kubeconfig and
-//! neither `--pod-cidr` nor `--peer`: the pod CIDR, the endpoint and the routes all come from the
-//! Node objects.
+//! neither `--pod-cidr` nor `--peer` nor a key file: the pod CIDR, the endpoint, the public keys
+//! (made in memory at each start) and the routes all come from the Node objects.
 
 mod support;
 
@@ -16,14 +16,12 @@ use hpk_integration::controlplane::{ControlPlane, client_from_kubeconfig};
 use hpk_integration::netns::Host;
 use hpk_net_forwarder::cidr::PodCidr;
 use hpk_net_forwarder::nodes::peer_reader_rbac;
-use hpk_net_forwarder::peers::ENDPOINT_ANNOTATION;
+use hpk_net_forwarder::peers::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION};
 use hpk_proto::netforwarder::v1 as pb;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
-use support::hosts::{
-    Slirp, as_unprivileged, assert_unprivileged, bubble_in, gen_unprivileged_key, give_away, slirp_available,
-};
+use support::hosts::{Slirp, as_unprivileged, assert_unprivileged, bubble_in, give_away, slirp_available};
 use support::{Bubble, Client, Server, address, attach, bubble, tcp_round_trip};
 
 /// How long any one expected change may take to show.
@@ -81,8 +79,8 @@ async fn allocated_cidr(admin: &Api<Node>, name: &str) -> PodCidr {
     .await
 }
 
-fn annotation(node: &Node) -> Option<String> {
-    node.metadata.annotations.as_ref()?.get(ENDPOINT_ANNOTATION).cloned()
+fn annotation(node: &Node, name: &str) -> Option<String> {
+    node.metadata.annotations.as_ref()?.get(name).cloned()
 }
 
 /// The routes into the tunnel: (node, destination, endpoint), sorted by node.
@@ -133,7 +131,7 @@ impl NodeHost {
 
     /// `tunnel-socket` binds the host's UDP socket, then `serve` runs in the bubble as the node,
     /// with neither `--pod-cidr` nor `--peer`.
-    async fn serve(&mut self, key: &Path) -> Client {
+    async fn serve(&mut self) -> Client {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", netns_path(&self.host)))
             .arg("--")
@@ -144,8 +142,7 @@ impl NodeHost {
             .arg(self.bubble.socket())
             .arg("--state-dir")
             .arg(self.bubble.dir.path().join("state"))
-            .args(["--mtu", "1500", "--tunnel-key-file"])
-            .arg(key)
+            .args(["--mtu", "1500"])
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--node-name", &self.host.name]);
@@ -206,8 +203,6 @@ async fn nodes_from_the_api_are_routed_through_the_tunnel() {
     Api::<ClusterRole>::all(admin_client.clone()).create(&params, &role).await.expect("ClusterRole");
     Api::<ClusterRoleBinding>::all(admin_client).create(&params, &binding).await.expect("binding");
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let key = gen_unprivileged_key(dir.path());
     let (mut a, mut b) = (NodeHost::new(&cp, "a"), NodeHost::new(&cp, "b"));
     register(&a.kubeconfig, "a").await;
     register(&b.kubeconfig, "b").await;
@@ -223,8 +218,8 @@ async fn nodes_from_the_api_are_routed_through_the_tunnel() {
         let route = String::from_utf8_lossy(&out.stdout);
         assert!(route.contains("via 10.0.2.2 dev tap0"), "bubble {}: {route}", node.host.name);
     }
-    let mut client_a = a.serve(&key).await;
-    let mut client_b = b.serve(&key).await;
+    let mut client_a = a.serve().await;
+    let mut client_b = b.serve().await;
 
     // Each takes its Node's pod CIDR, and its pods get addresses in it.
     for (client, cidr) in [(&mut client_a, cidr_a), (&mut client_b, cidr_b)] {
@@ -236,12 +231,25 @@ async fn nodes_from_the_api_are_routed_through_the_tunnel() {
     let ip_b = address(&attach(&mut client_b, "pod-b", &pod_b).await);
     assert!(cidr_a.contains(ip_a) && cidr_b.contains(ip_b), "{ip_a} in {cidr_a}, {ip_b} in {cidr_b}");
 
-    // Each Node carries its host's address and the bound port; the tunnel says the same.
-    for node in [&a, &b] {
-        let published = annotation(&admin.get(&node.host.name).await.expect("get node"));
-        assert_eq!(published, Some(node.endpoint()), "Node {}'s {ENDPOINT_ANNOTATION}", node.host.name);
+    // Each Node carries its host's address and the bound port, and the public key its
+    // net-forwarder made at start; the tunnel says the same.
+    for (node, client) in [(&a, &mut client_a), (&b, &mut client_b)] {
+        let published = admin.get(&node.host.name).await.expect("get node");
+        let name = &node.host.name;
+        assert_eq!(
+            annotation(&published, ENDPOINT_ANNOTATION),
+            Some(node.endpoint()),
+            "Node {name}'s endpoint"
+        );
+        let stats = tunnel_stats(client).await;
+        assert_eq!(stats.endpoint, node.endpoint());
+        assert_eq!(stats.public_key.len(), 64, "{stats:?}");
+        assert_eq!(
+            annotation(&published, PUBLIC_KEY_ANNOTATION),
+            Some(stats.public_key),
+            "Node {name}'s key"
+        );
     }
-    assert_eq!(tunnel_stats(&mut client_a).await.endpoint, a.endpoint());
 
     // Each bubble routes the other node's pod CIDR into the tunnel.
     let want_a = vec![("b".to_owned(), cidr_b.to_string(), b.endpoint())];
@@ -273,8 +281,12 @@ async fn nodes_from_the_api_are_routed_through_the_tunnel() {
     for client in [&mut client_a, &mut client_b] {
         assert_eq!(tunnel_stats(client).await.peers_refused, 0);
     }
+    let key_c = hpk_net_forwarder::tunnel::identity::Identity::from_secret([0xc; 32]).public().to_string();
     let bad: Node = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "c", "annotations": {ENDPOINT_ANNOTATION: "not-an-endpoint"}}
+        "metadata": {"name": "c", "annotations": {
+            ENDPOINT_ANNOTATION: "not-an-endpoint",
+            PUBLIC_KEY_ANNOTATION: key_c,
+        }}
     }))
     .expect("node");
     admin.create(&params, &bad).await.expect("create Node c");

@@ -392,7 +392,6 @@ fn prepare_and_start(
     }
     if args.role == Role::Controller {
         publish::ensure_node_token(shared)?;
-        publish::ensure_secret(&shared.dir.join("tunnel-key"), "the tunnel key")?;
     }
     let shared_view = node_dir.join(SHARED_VIEW);
     bind_shared_read_only(&shared.dir, &shared_view)?;

@@ -105,6 +105,8 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     }
 
     // The node token: made by the launcher (the bubble sees the shared directory read-only).
+    // (The tunnel has no shared key: each node's net-forwarder makes its own key pair in
+    // memory.)
     let token = shared.join("node-token");
     if !token.is_file() {
         return Err(Error::Invalid(format!("the launcher made no node token at {}", token.display())));

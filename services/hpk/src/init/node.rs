@@ -26,8 +26,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let tunnel_fd = super::inherited_fd("tunnel")?;
 
     // The controller writes the kubeconfig last: once it is there, the rest is too.
-    let needed =
-        ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt", "node-token", "tunnel-key"];
+    let needed = ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt", "node-token"];
     let deadline = tokio::time::Instant::now() + CONTROLLER_BOUND;
     loop {
         let missing: Vec<&str> = needed.iter().copied().filter(|f| !shared.join(f).is_file()).collect();
@@ -83,8 +82,9 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     net_forwarder.extend([
         format!("--kubeconfig={}", p(&kubeconfig)),
         format!("--node-name={}", args.node),
+        // No key file: the net-forwarder makes its key pair in memory and publishes the public
+        // key on the Node, so no tunnel secret is on the shared filesystem.
         format!("--tunnel-fd={tunnel_fd}"),
-        format!("--tunnel-key-file={}", p(&shared.join("tunnel-key"))),
         format!("--tunnel-advertise={}", args.address),
     ]);
     sup.start(Service::new("hpk-net-forwarder", "/usr/local/bin/hpk-net-forwarder", net_forwarder))?;

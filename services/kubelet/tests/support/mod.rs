@@ -63,7 +63,7 @@ impl Cluster {
         let options = NodeOptions {
             bin_dir: Path::new(KUBELET).parent().expect("bin dir").to_owned(),
             insecure_registry: Some(registry.host_port()),
-            tunnel_key: None,
+            tunnel: false,
             kubelet_args: vec![
                 "--cluster-dns=10.96.0.10".into(),
                 // This machine's disk may be fuller than the default 10 % threshold allows.

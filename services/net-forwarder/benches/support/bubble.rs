@@ -27,13 +27,15 @@ pub fn has_tunnel() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// `hpk-net-forwarder gen-key PATH`: a new cluster key.
-pub fn gen_key(path: &Path) -> Result<()> {
-    output(std::process::Command::new(BIN).arg("gen-key").arg(path)).map(drop)
+/// `hpk-net-forwarder tunnel-private-key PATH`: a new private key (mode 0600); returns the
+/// public key it prints, for the other bubble's `--peer`.
+pub fn gen_key(path: &Path) -> Result<String> {
+    output(std::process::Command::new(BIN).arg("tunnel-private-key").arg(path))
+        .map(|out| out.trim().to_owned())
 }
 
-/// The tunnel of a bubble: its UDP socket, bound in the test host's namespace, the cluster key
-/// and the static peers (`NAME=CIDR@IP:PORT`).
+/// The tunnel of a bubble: its UDP socket, bound in the test host's namespace, its private key
+/// file and the static peers (`NAME=CIDR@IP:PORT/PUBLIC-KEY`).
 pub struct Tunnel<'a> {
     pub bind: SocketAddrV4,
     pub key: &'a Path,
@@ -76,7 +78,7 @@ impl Bubble {
         ]);
         args.extend(["--pod-cidr", pod_cidr, "--mtu", "1500"].map(String::from));
         if let Some(t) = &tunnel {
-            args.extend(["--tunnel-fd".into(), "3".into(), "--tunnel-key-file".into(), path(t.key)]);
+            args.extend(["--tunnel-fd".into(), "3".into(), "--tunnel-private-key-file".into(), path(t.key)]);
             args.extend(t.peers.iter().flat_map(|p| ["--peer".to_owned(), p.clone()]));
         }
         let mut server = Guard::spawn("nsenter", &args)?;

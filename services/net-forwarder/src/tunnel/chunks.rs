@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! 0      2       3        4          8       9       10       12
-//! | "HK" | ver=2 | type=2 | message | index | count | stride | message bytes [index*stride..]
+//! | "HK" | ver=3 | type=2 | message | index | count | stride | message bytes [index*stride..]
 //! ```
 //!
 //! `message` is the low 32 bits of the sealed message's counter (so per sender), `count` the
@@ -15,12 +15,17 @@
 //! UDP GSO sends with one `sendmsg` and UDP GRO hands back coalesced.
 //!
 //! The header is not authenticated: the reassembled message is, as a whole, when it is opened.
-//! A forged or corrupted chunk therefore spoils at most the message it claims to belong to (an
+//! Chunks from an address that is no current peer's endpoint never get here (the receiver drops
+//! them first, [`super::senders::Senders::at`]), so strangers open no slot. A forged or corrupted
+//! chunk from a peer's address therefore spoils at most the message it claims to belong to (an
 //! authentication drop), and reassembly state is bounded so that forgeries cannot grow memory:
 //! at most [`SLOTS_PER_SOURCE`] messages in progress per source address and [`MAX_SLOTS`] in
-//! all; a source that has sent an authentic message before is *trusted*, and a slot is taken
-//! from an untrusted source before a trusted one. An in-progress message pushed out is
-//! dropped and counted as incomplete ([`Reassembly::take_evicted`]).
+//! all; a peer that has delivered a message before is *trusted*, and a slot is taken from an
+//! untrusted source before a trusted one. An in-progress message pushed out is dropped and
+//! counted as incomplete ([`Reassembly::take_evicted`]). What remains open: an attacker who can
+//! spoof a peer's endpoint at the IP level can still pre-open slots under predicted message ids
+//! (the counters travel in clear) or push that peer's in-progress messages out. That is
+//! bounded and only drops messages (large ones, in chunks); it never delivers one.
 
 use std::net::SocketAddr;
 

@@ -14,25 +14,30 @@
 //! by UDP GRO; the receiver puts the message back together and opens it. Kernels without UDP
 //! GSO or GRO get the same datagrams one system call each.
 //!
-//! Everything is authenticated per message; what fails is dropped and counted: chunks of no
-//! known format as malformed, messages that fail authentication as auth drops, replays as
-//! replays, messages whose chunks did not all arrive as incomplete.
-//! Relay threads use blocking I/O and no locks but a read lock on the peer table per packet.
+//! Every node has its own key pair for the run ([`identity`]), and every pair of nodes its own
+//! keys. Everything is authenticated per message, and the receiver accepts only what a current
+//! peer sent from its endpoint, with a packet from its pod CIDR ([`senders`]). What fails is
+//! dropped and counted: datagrams from an address that is no peer's endpoint, messages under a
+//! key id no peer has, and packets whose source is outside the sender's pod CIDR as spoofed;
+//! chunks of no known format as malformed; messages that fail authentication as auth drops;
+//! replays as replays; messages whose chunks did not all arrive as incomplete.
+//! Relay threads use blocking I/O and no locks but a read lock on the peer table per packet
+//! (sending) and the receiver table's lock per batch of datagrams (receiving).
 
 pub mod chunks;
+pub mod identity;
 pub mod keyfile;
 pub mod routes;
+pub mod senders;
 pub mod udp;
 pub mod wire;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, RwLock};
 
 use hpk_proto::netforwarder::v1 as pb;
-use ring::rand::SecureRandom;
 use tracing::{info, warn};
 
 use crate::cidr::PodCidr;
@@ -40,7 +45,9 @@ use crate::peers::Peer;
 use crate::tuntap::{Device, Kind, Options, VNET_HDR_LEN};
 use crate::{Error, Result};
 use chunks::{Cutter, MAX_MESSAGE, Reassembly};
-use wire::{ClusterKey, HEADER_LEN, OVERHEAD, Opener, Refused, Sealer, SenderId, TAG_LEN};
+use identity::{Identity, PairKeys, PublicKey};
+use senders::Senders;
+use wire::{HEADER_LEN, OVERHEAD, Refused, Sealer, TAG_LEN};
 
 /// The TUN device's name in the bubble.
 pub const DEVICE: &str = "hpk-tunnel";
@@ -64,6 +71,11 @@ pub struct Counters {
     pub rx_dropped_replay: AtomicU64,
     /// Datagrams of no known format, or messages carrying no packet for this node.
     pub rx_dropped_malformed: AtomicU64,
+    /// Datagrams from an address that is no peer's endpoint, messages under a key id that is
+    /// not the peer's at that address, packets from outside the sender's pod CIDR.
+    pub rx_dropped_spoofed: AtomicU64,
+    /// Messages in reassembly after the last batch of datagrams (a gauge).
+    pub rx_reassembling: AtomicU64,
     /// Messages dropped before all their chunks arrived.
     pub rx_dropped_incomplete: AtomicU64,
     /// Packets for an address no peer owns.
@@ -72,7 +84,7 @@ pub struct Counters {
     pub tx_dropped_error: AtomicU64,
     /// Packets that could not be written to the bubble.
     pub rx_dropped_error: AtomicU64,
-    /// Peers refused: malformed endpoint annotations or pod CIDRs, overlaps, duplicates.
+    /// Peers refused: malformed endpoint or key annotations or pod CIDRs, overlaps, duplicates.
     pub peers_refused: Arc<AtomicU64>,
 }
 
@@ -89,13 +101,21 @@ pub struct PeerCounters {
     pub rx_bytes: AtomicU64,
 }
 
-/// A routed peer and its counters.
-#[derive(Clone, Debug)]
+/// A routed peer, its keys and its counters.
+#[derive(Clone)]
 pub struct Route {
     /// The peer.
     pub peer: Peer,
     /// Its counters; kept while the peer stays in the table with the same CIDR.
     pub counters: Arc<PeerCounters>,
+    /// The keys this node shares with it; kept while its public key is unchanged.
+    keys: Arc<PairKeys>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route").field("peer", &self.peer).field("counters", &self.counters).finish()
+    }
 }
 
 /// The running tunnel. The relay threads run until the process exits; the device and the
@@ -104,18 +124,21 @@ pub struct Tunnel {
     _device: Device,
     endpoint: SocketAddrV4,
     own: PodCidr,
+    identity: Identity,
     routes: Arc<RwLock<Vec<Route>>>,
+    senders: Arc<Mutex<Senders>>,
     counters: Arc<Counters>,
 }
 
 impl Tunnel {
     /// Creates the TUN device in the current network namespace (the bubble) and starts relaying
     /// between it and `socket` ([`routes::Routes::configure_device`] brings it up). `endpoint` is
-    /// what the peers send to; `link_mtu` the MTU of the host link the datagrams take.
+    /// what the peers send to; `identity` this run's key pair; `link_mtu` the MTU of the host
+    /// link the datagrams take.
     pub fn start(
         socket: UdpSocket,
         endpoint: SocketAddrV4,
-        key: ClusterKey,
+        identity: Identity,
         own: PodCidr,
         link_mtu: u32,
     ) -> Result<Self> {
@@ -144,30 +167,29 @@ impl Tunnel {
             endpoint,
             own,
             routes: Arc::new(RwLock::new(Vec::new())),
+            senders: Arc::new(Mutex::new(Senders::new())),
             counters: Arc::new(Counters::default()),
+            identity,
         };
         let socket = Arc::new(socket);
-        let id = SenderId { incarnation: now_nanos(), salt: random_u64()? };
         let tx = TxRelay {
             device: tx_device,
             sender: udp::Sender::new(socket.clone(), cutter, offloads.gso),
-            sealer: Sealer::new(&key, id),
+            sealer: Sealer::new(tunnel.identity.public().key_id(), now_nanos()),
             routes: tunnel.routes.clone(),
             counters: tunnel.counters.clone(),
         };
         let rx = RxRelay {
             device: rx_device,
             receiver: udp::Receiver::new(socket),
-            key,
             own,
-            openers: Vec::new(),
+            senders: tunnel.senders.clone(),
             reassembly: Reassembly::new(),
-            routes: tunnel.routes.clone(),
             counters: tunnel.counters.clone(),
         };
         spawn("tunnel-tx", move || tx.run())?;
         spawn("tunnel-rx", move || rx.run())?;
-        info!(endpoint = %endpoint, device = DEVICE, link_mtu, gso = offloads.gso, gro = offloads.gro, "tunnel relaying");
+        info!(endpoint = %endpoint, public_key = %tunnel.identity.public(), device = DEVICE, link_mtu, gso = offloads.gso, gro = offloads.gro, "tunnel relaying");
         Ok(tunnel)
     }
 
@@ -181,28 +203,46 @@ impl Tunnel {
         self.own
     }
 
-    /// Replaces the peer table (already validated); a peer whose node and CIDR are unchanged
-    /// keeps its counters.
-    pub fn set_peers(&self, peers: &[Peer]) {
+    /// This run's public key, to publish.
+    pub fn public_key(&self) -> PublicKey {
+        self.identity.public()
+    }
+
+    /// Replaces the peer table (already validated) and the receiver's senders with it, and
+    /// returns the peers taken: those with whom no keys can be agreed (a low-order key, or this
+    /// node's own) are refused, logged and counted. A peer whose node and CIDR are unchanged
+    /// keeps its counters; one whose public key is unchanged keeps its keys and its window.
+    pub fn set_peers(&self, peers: &[Peer]) -> Vec<Peer> {
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
-        let next: Vec<Route> = peers
-            .iter()
-            .map(|peer| {
-                let counters = routes
-                    .iter()
-                    .find(|r| r.peer.node == peer.node && r.peer.pod_cidr == peer.pod_cidr)
-                    .map(|r| r.counters.clone())
-                    .unwrap_or_default();
-                Route { peer: peer.clone(), counters }
-            })
-            .collect();
+        let mut next = Vec::with_capacity(peers.len());
+        for peer in peers {
+            let known = routes.iter().find(|r| r.peer.public_key == peer.public_key).map(|r| r.keys.clone());
+            let keys =
+                match known.map(Ok).unwrap_or_else(|| self.identity.pair(&peer.public_key).map(Arc::new)) {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        warn!(peer = %peer, error = %e, "peer not routed");
+                        self.counters.peers_refused.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                };
+            let counters = routes
+                .iter()
+                .find(|r| r.peer.node == peer.node && r.peer.pod_cidr == peer.pod_cidr)
+                .map(|r| r.counters.clone())
+                .unwrap_or_default();
+            next.push(Route { peer: peer.clone(), counters, keys });
+        }
         for r in next.iter().filter(|n| !routes.iter().any(|o| o.peer == n.peer)) {
             info!(peer = %r.peer, "peer routed into the tunnel");
         }
         for r in routes.iter().filter(|o| !next.iter().any(|n| n.peer == o.peer)) {
             info!(peer = %r.peer, "peer removed from the tunnel");
         }
+        self.senders.lock().unwrap_or_else(|p| p.into_inner()).replace(&next);
+        let taken = next.iter().map(|r| r.peer.clone()).collect();
         *routes = next;
+        taken
     }
 
     /// The peer table.
@@ -232,6 +272,10 @@ impl Tunnel {
             rx_dropped_auth: c.rx_dropped_auth.load(Relaxed),
             rx_dropped_replay: c.rx_dropped_replay.load(Relaxed),
             rx_dropped_malformed: c.rx_dropped_malformed.load(Relaxed),
+            rx_dropped_spoofed: c.rx_dropped_spoofed.load(Relaxed),
+            rx_senders: self.senders.lock().unwrap_or_else(|p| p.into_inner()).len() as u64,
+            rx_reassembling: c.rx_reassembling.load(Relaxed),
+            public_key: self.identity.public().to_string(),
             rx_dropped_incomplete: c.rx_dropped_incomplete.load(Relaxed),
             tx_dropped_no_route: c.tx_dropped_no_route.load(Relaxed),
             tx_dropped_error: c.tx_dropped_error.load(Relaxed),
@@ -244,6 +288,7 @@ impl Tunnel {
                     node: r.peer.node.clone(),
                     pod_cidr: r.peer.pod_cidr.to_string(),
                     endpoint: r.peer.endpoint.to_string(),
+                    public_key: r.peer.public_key.to_string(),
                     tx_packets: r.counters.tx_packets.load(Relaxed),
                     tx_bytes: r.counters.tx_bytes.load(Relaxed),
                     rx_packets: r.counters.rx_packets.load(Relaxed),
@@ -262,19 +307,14 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
         .map_err(|e| Error::io(format!("start the {name} thread"), e))
 }
 
+/// Nanoseconds since the UNIX epoch: where a run's message counter starts ([`Sealer::new`]).
 fn now_nanos() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
-fn random_u64() -> Result<u64> {
-    let mut b = [0; 8];
-    ring::rand::SystemRandom::new()
-        .fill(&mut b)
-        .map_err(|_| Error::Config("the system's random number generator failed".into()))?;
-    Ok(u64::from_be_bytes(b))
-}
-
-/// The IPv4 destination of a packet that follows a virtio-net header.
+/// The IPv4 address at `offset` (see [`SRC`], [`DST`]) of a packet that follows a virtio-net
+/// header.
 fn ipv4_field(payload: &[u8], offset: usize) -> Option<Ipv4Addr> {
     let ip = payload.get(VNET_HDR_LEN..)?;
     if ip.len() < 20 || ip[0] >> 4 != 4 {
@@ -284,7 +324,9 @@ fn ipv4_field(payload: &[u8], offset: usize) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
 }
 
+/// Offset of the source address in an IPv4 header.
 const SRC: usize = 12;
+/// Offset of the destination address.
 const DST: usize = 16;
 
 /// Pods → peers.
@@ -317,10 +359,10 @@ impl TxRelay {
                 self.counters.tx_dropped_no_route.fetch_add(1, Relaxed);
                 continue;
             };
-            let (endpoint, peer) = {
+            let (endpoint, peer, keys) = {
                 let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
                 match routes.iter().find(|r| r.peer.pod_cidr.contains(dst)) {
-                    Some(r) => (r.peer.endpoint, r.counters.clone()),
+                    Some(r) => (r.peer.endpoint, r.counters.clone(), r.keys.clone()),
                     None => {
                         self.counters.tx_dropped_no_route.fetch_add(1, Relaxed);
                         continue;
@@ -335,7 +377,7 @@ impl TxRelay {
                 continue;
             }
             let ip_bytes = (n - VNET_HDR_LEN) as u64;
-            let len = match self.sealer.seal(&mut buf, n) {
+            let len = match self.sealer.seal(&keys.seal, &mut buf, n) {
                 Ok(len) => len,
                 Err(e) => {
                     warn!(error = %e, "cannot seal a packet");
@@ -364,12 +406,10 @@ impl TxRelay {
 struct RxRelay {
     device: std::fs::File,
     receiver: udp::Receiver,
-    key: ClusterKey,
     own: PodCidr,
-    /// One per remote address heard from; authentic senders only, so bounded by the cluster.
-    openers: Vec<(SocketAddr, Opener)>,
+    /// The current peers, replaced by [`Tunnel::set_peers`]: the only senders with state.
+    senders: Arc<Mutex<Senders>>,
     reassembly: Reassembly,
-    routes: Arc<RwLock<Vec<Route>>>,
     counters: Arc<Counters>,
 }
 
@@ -377,6 +417,7 @@ impl RxRelay {
     fn run(mut self) {
         // Room for the largest datagram, or the most GRO coalesces into one receive.
         let mut buf = vec![0u8; 65_536];
+        let table = self.senders.clone();
         loop {
             let got = match self.receiver.recv(&mut buf) {
                 Ok(got) => got,
@@ -387,23 +428,31 @@ impl RxRelay {
                     continue;
                 }
             };
+            // One lock per batch (GRO hands over up to 64 KiB from one sender at once).
+            let mut senders = table.lock().unwrap_or_else(|p| p.into_inner());
             for datagram in buf[..got.len].chunks(got.segment) {
-                self.chunk(got.from, datagram);
+                self.chunk(&mut senders, got.from, datagram);
             }
+            drop(senders);
             let incomplete = self.reassembly.take_evicted();
             if incomplete > 0 {
                 self.counters.rx_dropped_incomplete.fetch_add(incomplete, Relaxed);
             }
+            self.counters.rx_reassembling.store(self.reassembly.in_progress() as u64, Relaxed);
         }
     }
 
-    /// One datagram: a chunk, maybe the one that completes its message.
-    fn chunk(&mut self, from: SocketAddr, datagram: &[u8]) {
-        let trusted = self.openers.iter().any(|(a, _)| *a == from);
+    /// One datagram: a chunk, maybe the one that completes its message. Chunks from an address
+    /// that is no peer's endpoint take no reassembly slot.
+    fn chunk(&mut self, senders: &mut Senders, from: SocketAddr, datagram: &[u8]) {
+        let Some(trusted) = senders.at(from) else {
+            self.counters.rx_dropped_spoofed.fetch_add(1, Relaxed);
+            return;
+        };
         let message = chunks::parse(datagram).and_then(|c| self.reassembly.add(from, trusted, &c));
         match message {
             Ok(Some(mut message)) => {
-                self.message(from, &mut message);
+                self.message(senders, from, &mut message);
                 self.reassembly.recycle(message);
             }
             Ok(None) => {}
@@ -414,63 +463,34 @@ impl RxRelay {
     }
 
     /// One whole message: opened, checked and written to the bubble.
-    fn message(&mut self, from: SocketAddr, message: &mut [u8]) {
-        let range = match self.open(from, message) {
-            Ok(range) => range,
-            Err(Refused::Malformed) => {
-                self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-                return;
-            }
-            Err(Refused::Auth) => {
-                self.counters.rx_dropped_auth.fetch_add(1, Relaxed);
-                return;
-            }
-            Err(Refused::Replay) => {
-                self.counters.rx_dropped_replay.fetch_add(1, Relaxed);
+    fn message(&mut self, senders: &mut Senders, from: SocketAddr, message: &mut [u8]) {
+        let delivered = match senders.receive(from, message, self.own) {
+            Ok(delivered) => delivered,
+            Err(refused) => {
+                let counter = match refused {
+                    Refused::Malformed => &self.counters.rx_dropped_malformed,
+                    Refused::Auth => &self.counters.rx_dropped_auth,
+                    Refused::Replay => &self.counters.rx_dropped_replay,
+                    Refused::Spoofed => &self.counters.rx_dropped_spoofed,
+                };
+                counter.fetch_add(1, Relaxed);
                 return;
             }
         };
-        let payload = &message[range];
-        // An authentic packet must still be for a pod of this node.
-        let (Some(src), Some(dst)) = (ipv4_field(payload, SRC), ipv4_field(payload, DST)) else {
-            self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-            return;
-        };
-        if !self.own.contains(dst) {
-            self.counters.rx_dropped_malformed.fetch_add(1, Relaxed);
-            return;
-        }
+        let payload = &message[delivered.range];
         let ip_bytes = (payload.len() - VNET_HDR_LEN) as u64;
         // A TUN write takes the whole packet or fails; it is never partial.
         match self.device.write_all(payload) {
             Ok(()) => {
                 self.counters.rx_packets.fetch_add(1, Relaxed);
                 self.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
-                let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-                if let Some(r) = routes.iter().find(|r| r.peer.pod_cidr.contains(src)) {
-                    r.counters.rx_packets.fetch_add(1, Relaxed);
-                    r.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
-                }
+                delivered.counters.rx_packets.fetch_add(1, Relaxed);
+                delivered.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
             }
             Err(_) => {
                 self.counters.rx_dropped_error.fetch_add(1, Relaxed);
             }
         }
-    }
-
-    fn open(
-        &mut self,
-        from: SocketAddr,
-        datagram: &mut [u8],
-    ) -> std::result::Result<std::ops::Range<usize>, Refused> {
-        if let Some((_, opener)) = self.openers.iter_mut().find(|(a, _)| *a == from) {
-            return opener.open(datagram);
-        }
-        // A new address gets state only once a datagram from it is authentic.
-        let mut opener = Opener::new(self.key.clone());
-        let range = opener.open(datagram)?;
-        self.openers.push((from, opener));
-        Ok(range)
     }
 }
 

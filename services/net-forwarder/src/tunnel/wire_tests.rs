@@ -1,94 +1,156 @@
 use super::*;
+use crate::tunnel::identity::{Identity, PairKeys, PublicKey};
 
-const ID: SenderId = SenderId { incarnation: 1_000, salt: 42 };
-
-fn key(b: u8) -> ClusterKey {
-    ClusterKey::new([b; KEY_LEN])
+fn pair(a: u8, b: u8) -> (Identity, Identity) {
+    (Identity::from_secret([a; 32]), Identity::from_secret([b; 32]))
 }
 
-fn datagram(sealer: &mut Sealer, payload: &[u8]) -> Vec<u8> {
+/// `from`'s keys with `to`.
+fn keys(from: &Identity, to: &Identity) -> PairKeys {
+    from.pair(&to.public()).unwrap()
+}
+
+fn seal(sealer: &mut Sealer, key: &LessSafeKey, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0; HEADER_LEN + payload.len() + TAG_LEN];
     buf[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
-    let n = sealer.seal(&mut buf, payload.len()).unwrap();
+    let n = sealer.seal(key, &mut buf, payload.len()).unwrap();
     buf.truncate(n);
     buf
 }
 
+fn open_with(key: &LessSafeKey, d: &mut [u8]) -> std::result::Result<std::ops::Range<usize>, Refused> {
+    let header = Header::parse(d)?;
+    open(key, header, d)
+}
+
 #[test]
-fn round_trip_encrypts_and_authenticates() {
-    let mut sealer = Sealer::new(&key(7), ID);
-    let mut opener = Opener::new(key(7));
-    for i in 0..5u8 {
-        let payload = vec![i; 1400];
-        let mut d = datagram(&mut sealer, &payload);
-        assert_eq!(d.len(), payload.len() + OVERHEAD);
-        assert_ne!(&d[HEADER_LEN..HEADER_LEN + 1400], &payload[..], "the payload travels encrypted");
-        let range = opener.open(&mut d).unwrap();
-        assert_eq!(&d[range], &payload[..]);
+fn a_message_sealed_for_r_opens_only_at_r_with_s_key() {
+    let (s, r) = pair(1, 2);
+    let other = Identity::from_secret([3; 32]);
+    let mut sealer = Sealer::new(s.public().key_id(), 0);
+    let payload = vec![7u8; 1400];
+    let d = seal(&mut sealer, &keys(&s, &r).seal, &payload);
+    assert_eq!(d.len(), payload.len() + OVERHEAD);
+    assert_ne!(&d[HEADER_LEN..HEADER_LEN + 1400], &payload[..], "the payload travels encrypted");
+    assert_eq!(Header::parse(&d).unwrap(), Header { id: s.public().key_id(), counter: 1 });
+    // R opens it with the key it shares with S.
+    let mut at_r = d.clone();
+    let range = open_with(&keys(&r, &s).open, &mut at_r).unwrap();
+    assert_eq!(&at_r[range], &payload[..]);
+    // Nobody else can: not a third node with S's public key, not R with another sender's key,
+    // not S itself (the keys are directional: S→R is not R→S).
+    for key in [&keys(&other, &s).open, &keys(&r, &other).open, &keys(&s, &r).open, &keys(&r, &s).seal] {
+        assert_eq!(open_with(key, &mut d.clone()), Err(Refused::Auth));
     }
 }
 
 #[test]
-fn forged_corrupted_and_foreign_datagrams_fail_authentication() {
-    let mut sealer = Sealer::new(&key(7), ID);
-    let good = datagram(&mut sealer, b"hello pod");
-    let mut opener = Opener::new(key(7));
+fn forged_and_corrupted_messages_fail_authentication() {
+    let (s, r) = pair(1, 2);
+    let mut sealer = Sealer::new(s.public().key_id(), 0);
+    let good = seal(&mut sealer, &keys(&s, &r).seal, b"hello pod");
+    let open_key = keys(&r, &s).open;
     for i in 0..good.len() {
         let mut d = good.clone();
         d[i] ^= 0x01;
-        let r = opener.open(&mut d);
+        let r = open_with(&open_key, &mut d);
         assert!(matches!(r, Err(Refused::Auth | Refused::Malformed)), "flipped byte {i}: {r:?}");
     }
-    let mut other = Sealer::new(&key(8), ID);
-    assert_eq!(Opener::new(key(7)).open(&mut datagram(&mut other, b"x")), Err(Refused::Auth));
-    // The original still opens: nothing above disturbed the state.
-    assert!(opener.open(&mut good.clone()).is_ok());
+    assert!(open_with(&open_key, &mut good.clone()).is_ok());
 }
 
 #[test]
-fn garbage_is_malformed() {
-    let mut opener = Opener::new(key(1));
-    for mut d in [vec![], vec![0; 10], vec![0xff; 100], b"HK\x03\x01".repeat(20), b"HK\x02\x09".repeat(20)] {
-        assert_eq!(opener.open(&mut d), Err(Refused::Malformed));
+fn garbage_and_older_versions_are_malformed() {
+    for d in [vec![], vec![0; 10], vec![0xff; 100], b"HK\x03\x02".repeat(20), b"HK\x03\x09".repeat(20)] {
+        assert_eq!(Header::parse(&d), Err(Refused::Malformed));
     }
-    // A version 1 datagram (one whole message, before chunks) is of no known format either.
-    let mut v1 = datagram(&mut Sealer::new(&key(1), ID), b"old");
-    v1[2] = 1;
-    assert_eq!(opener.open(&mut v1), Err(Refused::Malformed));
+    let (s, r) = pair(1, 2);
+    let mut v2 = seal(&mut Sealer::new(s.public().key_id(), 0), &keys(&s, &r).seal, b"old");
+    v2[2] = 2;
+    assert_eq!(Header::parse(&v2), Err(Refused::Malformed), "version 2 (the cluster key) is gone");
 }
 
 #[test]
-fn replays_are_refused_and_reordering_is_tolerated() {
-    let mut sealer = Sealer::new(&key(3), ID);
-    let ds: Vec<Vec<u8>> = (0..2000).map(|i| datagram(&mut sealer, &[i as u8; 64])).collect();
-    let mut opener = Opener::new(key(3));
-    assert!(opener.open(&mut ds[5].clone()).is_ok());
-    assert!(opener.open(&mut ds[3].clone()).is_ok(), "late but inside the window");
-    assert_eq!(opener.open(&mut ds[5].clone()), Err(Refused::Replay));
-    assert_eq!(opener.open(&mut ds[3].clone()), Err(Refused::Replay));
-    assert!(opener.open(&mut ds[1500].clone()).is_ok());
-    assert_eq!(opener.open(&mut ds[4].clone()), Err(Refused::Replay), "fell out of the window");
-    assert!(opener.open(&mut ds[1500 - WINDOW as usize + 1].clone()).is_ok(), "the window's oldest slot");
-}
-
-#[test]
-fn a_restarted_peer_is_accepted_and_its_old_run_is_not() {
-    let mut old = Sealer::new(&key(3), ID);
-    let old_d = datagram(&mut old, b"old");
-    let mut new = Sealer::new(&key(3), SenderId { incarnation: 2_000, salt: 9 });
-    let mut opener = Opener::new(key(3));
-    assert!(opener.open(&mut old_d.clone()).is_ok());
-    assert!(opener.open(&mut datagram(&mut new, b"new")).is_ok());
-    assert_eq!(opener.open(&mut datagram(&mut old, b"old again")), Err(Refused::Replay));
-    assert!(opener.open(&mut datagram(&mut new, b"new again")).is_ok());
-}
-
-#[test]
-fn key_text() {
-    let k = ClusterKey::parse(&format!("  {}\n", "ab".repeat(32))).unwrap();
-    assert_eq!(ClusterKey::parse(&k.to_text()).unwrap().0, [0xab; KEY_LEN]);
-    for bad in ["", "abc", &"ab".repeat(31), &"zz".repeat(32), &"ab".repeat(33)] {
-        assert!(ClusterKey::parse(bad).is_err(), "{bad}");
+fn one_counter_is_shared_by_all_peers() {
+    let (s, r1) = pair(1, 2);
+    let r2 = Identity::from_secret([3; 32]);
+    let (k1, k2) = (keys(&s, &r1), keys(&s, &r2));
+    let mut sealer = Sealer::new(s.public().key_id(), 0);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..100 {
+        let key = if i % 3 == 0 { &k2.seal } else { &k1.seal };
+        let d = seal(&mut sealer, key, b"x");
+        assert!(seen.insert(Header::parse(&d).unwrap().counter), "a counter was used twice");
     }
-    assert_eq!(format!("{k:?}"), "ClusterKey(..)", "never printed");
+    assert_eq!(sealer.counter(), 100);
+}
+
+#[test]
+fn the_window_refuses_replays_and_tolerates_reordering() {
+    let mut w = Window::default();
+    assert_eq!(w.check(0), Err(Refused::Replay), "counters start at 1");
+    w.accept(5).unwrap();
+    w.accept(3).unwrap();
+    assert_eq!(w.check(5), Err(Refused::Replay));
+    assert_eq!(w.check(3), Err(Refused::Replay));
+    assert!(w.check(4).is_ok(), "checking records nothing");
+    assert!(w.check(4).is_ok());
+    w.accept(6000).unwrap();
+    assert_eq!(w.check(4), Err(Refused::Replay), "fell out of the window");
+    w.accept(6000 - WINDOW + 1).unwrap();
+    assert_eq!(w.check(6000 - WINDOW), Err(Refused::Replay), "just below the window");
+    // Gaps of every size (a shared counter skips the values sent to other peers).
+    let mut w = Window::default();
+    let mut c = 1;
+    let mut accepted = Vec::new();
+    for gap in (1..300).chain([4095, 4096, 4097, 10_000]) {
+        c += gap;
+        w.accept(c).unwrap();
+        accepted.push(c);
+    }
+    for &old in accepted.iter().rev().take_while(|&&old| old + WINDOW > c) {
+        assert_eq!(w.check(old), Err(Refused::Replay), "{old} replayed");
+    }
+    for fresh in [c - 1, c - 2, c - WINDOW + 1] {
+        assert!(w.check(fresh).is_ok(), "{fresh} never seen");
+    }
+}
+
+#[test]
+fn low_order_and_own_keys_are_refused() {
+    let me = Identity::from_secret([1; 32]);
+    let mut order8 = [0u8; 32];
+    hex::decode_to_slice("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800", &mut order8)
+        .unwrap();
+    for low in [
+        [0u8; 32],
+        {
+            let mut one = [0u8; 32];
+            one[0] = 1;
+            one
+        },
+        order8,
+    ] {
+        let e = me.pair(&PublicKey::from_bytes(low)).err().expect("refused").to_string();
+        assert!(e.contains("low-order"), "{e}");
+        assert!(PublicKey::parse(&hex::encode(low)).unwrap_err().to_string().contains("low-order"));
+    }
+    let e = me.pair(&me.public()).err().expect("refused").to_string();
+    assert!(e.contains("this node's own"), "{e}");
+}
+
+#[test]
+fn public_keys_are_64_lowercase_hex_digits() {
+    let k = Identity::from_secret([9; 32]).public();
+    assert_eq!(PublicKey::parse(&k.to_string()).unwrap(), k);
+    let text = k.to_string();
+    for bad in
+        [String::new(), text.to_uppercase(), format!("{text}\n"), text[1..].to_owned(), format!("{text}ab")]
+    {
+        let e = PublicKey::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("64 lowercase hexadecimal digits"), "{bad:?}: {e}");
+    }
+    assert_eq!(k.key_id(), PublicKey::parse(&text).unwrap().key_id());
+    assert_ne!(k.key_id(), Identity::from_secret([8; 32]).public().key_id());
+    assert!(format!("{:?}", Identity::from_secret([9; 32])).contains("secret .."), "never printed");
 }

@@ -197,6 +197,8 @@ pub struct TunnelServe<'a> {
     pub host: usize,
     pub pod_cidr: &'a str,
     pub port: u16,
+    /// This node's private key file (`--tunnel-private-key-file`): its public key is in the
+    /// other nodes' `--peer` flags.
     pub key: &'a Path,
     pub peers: Vec<String>,
     pub metrics: Option<&'a str>,
@@ -223,7 +225,7 @@ impl Bubble {
             .args(["--user", "--net", "--mount", "--preserve-credentials", "--"])
             .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
             .args(self.serve_args(t.pod_cidr))
-            .arg("--tunnel-key-file")
+            .arg("--tunnel-private-key-file")
             .arg(t.key);
         for peer in &t.peers {
             cmd.args(["--peer", peer]);
@@ -254,21 +256,32 @@ pub fn interface_bytes(dev: &Path, name: &str) -> (u64, u64) {
     (f[0], f[8])
 }
 
-/// A key file made by `hpk-net-forwarder gen-key`.
-pub fn gen_key(dir: &Path) -> PathBuf {
-    let path = dir.join("tunnel.key");
-    run(Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder")).arg("gen-key").arg(&path));
-    path
+/// A private key file `name` in `dir` made by `hpk-net-forwarder tunnel-private-key`, and the
+/// public key it printed.
+pub fn gen_key(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(name);
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder")).arg("tunnel-private-key").arg(&path).output();
+    public_key_of(path, out)
 }
 
-/// A key file made by `gen-key` run as the unprivileged user; `dir` is handed to that user.
-pub fn gen_unprivileged_key(dir: &Path) -> PathBuf {
+/// [`gen_key`] run as the unprivileged user (who must own the file); `dir` is handed to that user.
+pub fn gen_unprivileged_key(dir: &Path, name: &str) -> (PathBuf, String) {
     give_away(dir);
-    let path = dir.join("tunnel.key");
-    run(Command::new(as_unprivileged()[0].clone())
+    let path = dir.join(name);
+    let out = Command::new(as_unprivileged()[0].clone())
         .args(&as_unprivileged()[1..])
         .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-        .arg("gen-key")
-        .arg(&path));
-    path
+        .arg("tunnel-private-key")
+        .arg(&path)
+        .output();
+    public_key_of(path, out)
+}
+
+fn public_key_of(path: PathBuf, out: std::io::Result<std::process::Output>) -> (PathBuf, String) {
+    let out = out.expect("run tunnel-private-key");
+    assert!(out.status.success(), "tunnel-private-key: {}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).expect("utf-8").trim().to_owned();
+    assert_eq!(key.len(), 64, "a public key: {key:?}");
+    (path, key)
 }

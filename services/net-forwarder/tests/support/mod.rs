@@ -4,6 +4,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod hosts;
+pub mod raw;
 
 use std::collections::BTreeSet;
 use std::fs::File;
