@@ -23,8 +23,11 @@ fn network_ready_follows_the_net_forwarder() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A net-forwarder that is not there: pods could get no address.
     let missing = dir.path().join("nf/missing.sock");
-    let runtime =
-        Runtime::start_with(dir.path(), "127.0.0.1:1", &[&format!("--net-forwarder-socket={}", missing.display())]);
+    let runtime = Runtime::start_with(
+        dir.path(),
+        "127.0.0.1:1",
+        &[&format!("--net-forwarder-socket={}", missing.display())],
+    );
     let all = conditions(&runtime);
     assert_eq!(condition(&all, "RuntimeReady")["status"], true, "{all:?}");
     let network = condition(&all, "NetworkReady");
