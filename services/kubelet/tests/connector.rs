@@ -249,6 +249,20 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     .await
     .expect_err("a certificate from another CA");
     assert!(refused.contains("Version") || refused.contains("connect"), "{refused}");
+    // Review M3: the same CA signs every node's and the admin's certificates; the runtime
+    // serves the connector's kubelet only.
+    for (file, cn) in [("worker", "system:node:worker-1"), ("admin2", "hpk-admin")] {
+        let other =
+            c.cp.pki().client_cert(file, cn, &["system:nodes"]).expect("a certificate of the same CA");
+        let refused = version_with(
+            &creds.endpoint,
+            &creds.ca,
+            Some((&std::fs::read(&other.cert).expect("cert"), &std::fs::read(&other.key).expect("key"))),
+        )
+        .await
+        .expect_err("another name of the same CA");
+        assert!(refused.contains("Version") || refused.contains("connect"), "{cn}: {refused}");
+    }
 
     // The manifest, as a user applies it (the Deployment is run below as a process).
     let manifest = items(&c, &examples().join("hpk-connector.yaml"));

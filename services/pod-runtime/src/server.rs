@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// cert-signer's client profile) or one the operator runs.
     #[arg(long, env = "HPK_POD_RUNTIME_CLIENT_CA_FILE", requires = "listen")]
     pub client_ca_file: Option<PathBuf>,
+    /// With --listen: the subject common name a client certificate must have, besides being
+    /// signed by --client-ca-file (repeatable; review M3: the CA may sign for others than the
+    /// kubelet this runtime serves). Without it, any certificate of the CA passes.
+    #[arg(long = "client-name", requires = "client_ca_file")]
+    pub client_names: Vec<String>,
     /// The most pods this node runs, as the Allocation a remote kubelet asks for reports it.
     #[arg(long, env = "HPK_MAX_PODS", default_value_t = 110)]
     pub max_pods: u32,
@@ -193,6 +198,7 @@ struct RemoteTls {
     cert: Vec<u8>,
     key: Vec<u8>,
     client_ca: Vec<u8>,
+    client_names: Vec<String>,
 }
 
 impl RemoteTls {
@@ -206,10 +212,11 @@ impl RemoteTls {
             cert: read("--tls-cert-file", &args.tls_cert_file, false)?,
             key: read("--tls-private-key-file", &args.tls_private_key_file, true)?,
             client_ca: read("--client-ca-file", &args.client_ca_file, false)?,
+            client_names: args.client_names.clone(),
         };
         // Parsed now too, so a file that is no certificate or key is refused before anything
         // is made.
-        hpk_rpc::mtls::server_config(&tls.cert, &tls.key, &tls.client_ca)
+        hpk_rpc::mtls::server_config(&tls.cert, &tls.key, &tls.client_ca, &tls.client_names)
             .map_err(|e| Error::Config(format!("--listen: {e}")))?;
         Ok(tls)
     }
@@ -227,5 +234,7 @@ async fn remote_listener(
             Ok(server) => server.serve_connection(session),
             Err(error) => tracing::warn!(%error, "closing a streaming session"),
         });
-    Ok(hpk_rpc::Listener::mutual_tls(addr, &tls.cert, &tls.key, &tls.client_ca).await?.with_http1(handler))
+    Ok(hpk_rpc::Listener::mutual_tls(addr, &tls.cert, &tls.key, &tls.client_ca, &tls.client_names)
+        .await?
+        .with_http1(handler))
 }

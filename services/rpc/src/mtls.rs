@@ -80,18 +80,25 @@ fn roots(what: &'static str, ca_pem: &[u8]) -> Result<RootCertStore, TlsError> {
 }
 
 /// A server configuration that requires a client certificate signed by a CA of `client_ca_pem`
-/// and offers `h2` and `http/1.1`.
+/// and offers `h2` and `http/1.1`. With `client_names`, the certificate's subject common name
+/// must also be one of them (review M3: a CA may sign for others than the one client served).
 pub fn server_config(
     cert_chain_pem: &[u8],
     key_pem: &[u8],
     client_ca_pem: &[u8],
+    client_names: &[String],
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(
+    let webpki = WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots("the client CA", client_ca_pem)?),
         provider(),
     )
     .build()
     .map_err(|e| TlsError::Pem { what: "the client CA", reason: e.to_string() })?;
+    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> = if client_names.is_empty() {
+        webpki
+    } else {
+        Arc::new(PinnedNames { inner: webpki, names: client_names.to_vec() })
+    };
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Rustls { what: "TLS versions", source })?
@@ -103,6 +110,73 @@ pub fn server_config(
         .map_err(|source| TlsError::Rustls { what: "the server certificate and key", source })?;
     config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP1.to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The CA's verification, then the subject's common name checked against the names allowed.
+#[derive(Debug)]
+struct PinnedNames {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    names: Vec<String>,
+}
+
+/// The subject common name of a DER certificate.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?.to_owned();
+    Some(cn)
+}
+
+impl rustls::server::danger::ClientCertVerifier for PinnedNames {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        match common_name(end_entity) {
+            Some(cn) if self.names.contains(&cn) => Ok(verified),
+            Some(cn) => Err(rustls::Error::General(format!(
+                "client certificate CN {cn:?} is not one this server serves ({})",
+                self.names.join(", ")
+            ))),
+            None => Err(rustls::Error::General("client certificate has no common name".into())),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// A client configuration trusting only `ca_pem`, presenting `cert_pem`/`key_pem`, offering
@@ -168,7 +242,7 @@ mod tests {
 
     #[test]
     fn bad_pem_is_named() {
-        let err = server_config(b"junk", b"junk", b"junk").expect_err("junk refused");
+        let err = server_config(b"junk", b"junk", b"junk", &[]).expect_err("junk refused");
         assert!(err.to_string().contains("client CA"), "{err}");
         let err = client_config(b"", b"", b"", &[ALPN_H2]).expect_err("empty refused");
         assert!(err.to_string().contains("server CA"), "{err}");

@@ -100,14 +100,16 @@ impl Listener {
     }
 
     /// Binds `addr` for mutual TLS: the PEM certificate chain and key, and the CA whose
-    /// client certificates are accepted. Port 0 picks a free port.
+    /// client certificates are accepted — with `client_names`, only those whose subject common
+    /// name is one of them. Port 0 picks a free port.
     pub async fn mutual_tls(
         addr: SocketAddr,
         cert_chain_pem: &[u8],
         key_pem: &[u8],
         client_ca_pem: &[u8],
+        client_names: &[String],
     ) -> Result<Self> {
-        let config = mtls::server_config(cert_chain_pem, key_pem, client_ca_pem)?;
+        let config = mtls::server_config(cert_chain_pem, key_pem, client_ca_pem, client_names)?;
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
         Ok(Self::MutualTls { listener, config, http1: None })

@@ -54,6 +54,10 @@ impl Drop for Server {
 
 /// A server whose HTTP/1.1 handler answers every session with one fixed line.
 async fn start(client_ca: &Ca) -> Server {
+    start_pinned(client_ca, &[]).await
+}
+
+async fn start_pinned(client_ca: &Ca, names: &[String]) -> Server {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let ca = Ca::new("server CA");
     let (cert, key) = ca.leaf("runtime", &["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth);
@@ -70,6 +74,7 @@ async fn start(client_ca: &Ca) -> Server {
         cert.as_bytes(),
         key.as_bytes(),
         client_ca.pem.as_bytes(),
+        names,
     )
     .await
     .expect("listener")
@@ -163,5 +168,20 @@ async fn a_certificate_from_another_ca_is_refused() {
     assert!(refused.contains("connect") || refused.contains("health"), "{refused}");
     // The server still serves a client it trusts.
     let (cert, key) = client_ca.leaf("system:node:hpk-connector", &[], ExtendedKeyUsagePurpose::ClientAuth);
+    assert_eq!(health(&server, &cert, &key).await, Ok(1));
+}
+
+/// Review M3: with the client's name pinned, another certificate of the same CA (every
+/// kubelet's, the admin's) is refused in the handshake; the pinned one is served.
+#[tokio::test]
+async fn with_a_pinned_name_another_certificate_of_the_same_ca_is_refused() {
+    let client_ca = Ca::new("client CA");
+    let server = start_pinned(&client_ca, &["hpk-connector".to_owned()]).await;
+    for other in ["system:node:node-1", "hpk-admin", "hpk-connector-x", ""] {
+        let (cert, key) = client_ca.leaf(other, &[], ExtendedKeyUsagePurpose::ClientAuth);
+        let refused = health(&server, &cert, &key).await;
+        assert!(refused.is_err(), "CN {other:?} was served: {refused:?}");
+    }
+    let (cert, key) = client_ca.leaf("hpk-connector", &[], ExtendedKeyUsagePurpose::ClientAuth);
     assert_eq!(health(&server, &cert, &key).await, Ok(1));
 }

@@ -123,6 +123,11 @@ pub struct NodeOptions {
     /// Role runtime: the pods' address range (a cluster's nodes take theirs from the API).
     #[arg(long, default_value = "10.244.0.0/24")]
     pub pod_cidr: String,
+    /// Role runtime: the subject common name the kubelet's client certificate must have,
+    /// besides coming from --client-ca-file (repeatable; review M3: that CA may sign for
+    /// others) [default: hpk-connector and system:node:hpk-connector].
+    #[arg(long = "client-name")]
+    pub client_names: Vec<String>,
     /// How long the cluster lives, e.g. 12h or 30d: no certificate HPK makes outlives it by
     /// more than a day. In a Slurm job, the job's time left [default: 30d, or the job's].
     #[arg(long, value_parser = crate::cluster::parse_lifetime)]
@@ -136,6 +141,7 @@ impl NodeOptions {
         args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
         args.push(format!("--coredns-image={}", self.coredns_image));
         args.push(format!("--pod-cidr={}", self.pod_cidr));
+        args.extend(self.client_names.iter().map(|n| format!("--client-name={n}")));
         if let Some(lifetime) = self.lifetime {
             args.push(format!("--lifetime={}s", lifetime.as_secs()));
         }

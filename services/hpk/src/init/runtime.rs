@@ -47,6 +47,11 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--tls-private-key-file={}", p(&serving.key)),
         format!("--client-ca-file={}", p(&node_dir.join(CLIENT_CA))),
     ]);
+    // Only the connector's kubelet, not whatever else its CA signs (review M3).
+    let names = &args.options.client_names;
+    let defaults = ["hpk-connector".to_owned(), "system:node:hpk-connector".to_owned()];
+    let names = if names.is_empty() { &defaults[..] } else { &names[..] };
+    runtime.extend(names.iter().map(|n| format!("--client-name={n}")));
     sup.start(Service::new("hpk-pod-runtime", "/usr/local/bin/hpk-pod-runtime", runtime))?;
     wait(sup, "hpk-pod-runtime", "hpk-pod-runtime's mutual-TLS port", move || async move {
         Ok(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok())
