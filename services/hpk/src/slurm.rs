@@ -36,8 +36,13 @@ use crate::{image, preflight};
 
 /// How long the control plane may take to write the kubeconfig.
 const CONTROL_PLANE_BOUND: Duration = Duration::from_secs(180);
-/// How long the bubbles' step may take to stop once signalled.
-const STEP_STOP_BOUND: Duration = Duration::from_secs(60);
+/// How long the bubbles' step may take to stop once signalled: a bubble's stop grace and
+/// sweep, with margin. With the drain's default it fits in the batch script's signal lead
+/// (`--signal=B:TERM@120`; review L8: Slurm kills what is left at the time limit, KillWait
+/// later).
+pub(crate) const STEP_STOP_BOUND: Duration = Duration::from_secs(50);
+/// The drain's default bound (`--drain-seconds`).
+const DRAIN_DEFAULT_SECS: u64 = 50;
 /// The name of the job step that runs the bubbles.
 const BUBBLES_STEP: &str = "hpk-bubbles";
 /// Each call to the API server during the graceful end.
@@ -65,7 +70,7 @@ pub struct JobArgs {
     #[arg(long, env = "HPK_IMAGE")]
     pub image: PathBuf,
     /// The longest the graceful end waits for pods to terminate before stopping the bubbles.
-    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    #[arg(long, default_value_t = DRAIN_DEFAULT_SECS, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub drain_seconds: u64,
 }
 
@@ -546,6 +551,30 @@ fn remove_files(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review L8: the graceful end — the drain, then the bubbles' step stopping (each bubble's
+    /// stop grace and sweep inside it) — fits in the lead time the batch script asks Slurm
+    /// for, with margin, so Slurm's kill at the time limit finds nothing left to remove.
+    #[test]
+    fn the_graceful_end_fits_in_the_signal_lead_with_margin() {
+        let script = include_str!("../../../slurm/hpk.slurm");
+        let lead: u64 = script
+            .lines()
+            .find_map(|l| l.strip_prefix("#SBATCH --signal=B:TERM@"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("hpk.slurm asks for --signal=B:TERM@<seconds>");
+        let bubble = crate::bubble::STOP_GRACE + crate::bubble::SWEEP_BOUND;
+        assert!(
+            bubble + Duration::from_secs(5) <= STEP_STOP_BOUND,
+            "a bubble's stop {bubble:?} in {STEP_STOP_BOUND:?}"
+        );
+        let end = Duration::from_secs(DRAIN_DEFAULT_SECS) + STEP_STOP_BOUND;
+        let margin = Duration::from_secs(15);
+        assert!(
+            end + margin <= Duration::from_secs(lead),
+            "the graceful end {end:?} + {margin:?} in a {lead} s lead"
+        );
+    }
 
     fn shared(dir: &std::path::Path) -> Shared {
         Shared { name: "42".into(), dir: dir.to_owned() }

@@ -135,20 +135,30 @@ mod tests {
         assert!(check(Some("0x1003"), &table, &peers()).is_err());
     }
 
+    /// A network namespace of the test's own, deleted on drop (a failing assertion too).
+    struct Netns(String);
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "delete", &self.0]).output();
+        }
+    }
+
     /// The kernel's own table: a route made in a network namespace of the test's own reads
     /// back as made.
     #[test]
     fn reads_the_kernels_own_table() {
-        let ns = format!("hpkt-ready-{}", std::process::id());
         let ip = |args: &[&str]| {
             std::process::Command::new("ip").args(args).output().is_ok_and(|o| o.status.success())
         };
-        if !ip(&["netns", "add", &ns]) {
+        let name = format!("hpkt-ready-{}", std::process::id());
+        if !ip(&["netns", "add", &name]) {
             eprintln!("skipped: cannot create a network namespace (not root?)");
             return;
         }
+        let ns = Netns(name);
         let run = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", ns.as_str(), "ip"];
+            let mut all = vec!["netns", "exec", ns.0.as_str(), "ip"];
             all.extend_from_slice(args);
             assert!(ip(&all), "ip {args:?}");
         };
@@ -157,10 +167,9 @@ mod tests {
         run(&["route", "add", "10.244.3.0/24", "dev", DEVICE]);
         run(&["route", "add", "172.16.0.0/12", "dev", DEVICE]);
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, "cat", "/proc/net/route"])
+            .args(["netns", "exec", &ns.0, "cat", "/proc/net/route"])
             .output()
             .expect("cat");
-        let _ = ip(&["netns", "delete", &ns]);
         let mut routes = device_routes(&String::from_utf8_lossy(&out.stdout));
         routes.sort();
         assert_eq!(routes, [(Ipv4Addr::new(10, 244, 3, 0), 24), (Ipv4Addr::new(172, 16, 0, 0), 12)]);

@@ -39,7 +39,12 @@ use crate::{fds, image, preflight};
 pub const CLIENT_CA: &str = "connector-client-ca.crt";
 
 /// How long the bubble gets to stop its services after SIGTERM before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(45);
+/// With [`SWEEP_BOUND`], it fits in the Slurm step's stop bound (`slurm::STEP_STOP_BOUND`),
+/// which fits in the batch script's signal lead (review L8).
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long the processes left in the bubble's user namespace get to go once its first
+/// process has, before they are killed.
+pub(crate) const SWEEP_BOUND: Duration = Duration::from_secs(10);
 
 /// A bubble's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -736,7 +741,7 @@ impl Launched {
         // The bubble's first process is gone, so the kernel is killing the rest of its PID
         // namespace; wait until no process of the bubble remains (bounded), killing stragglers.
         if let Some(ns) = &self.user_ns {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + SWEEP_BOUND;
             // slirp4netns joined the bubble's user namespace to reach its network: ours to stop
             // after this wait, not a process of the bubble.
             let slirp = self.slirp.as_ref().map(std::process::Child::id);
