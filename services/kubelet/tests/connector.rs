@@ -2,8 +2,9 @@
 //! HPK node `node1`) is the "existing cluster"; test host `remote` runs a runtime bubble
 //! (`hpk bubble --role runtime`: a pod-runtime serving CRI over mutual TLS, an HPC
 //! allocation's side); test host `connector` runs hpk-kubelet as
-//! `examples/hpk-connector.yaml`'s Deployment runs it — its arguments and environment, the
-//! manifest's ServiceAccount and RBAC as its identity — with the example pods.
+//! `examples/hpk-connector.yaml`'s Deployment runs it — its arguments, environment and
+//! kubeconfig, with the node identity `system:node:hpk-connector` an admin approves as the
+//! README says (a CertificateSigningRequest), and no RBAC — with the example pods.
 
 mod support;
 
@@ -50,7 +51,7 @@ fn example_pod(c: &Cluster, file: &str) -> Value {
 
 /// The Deployment's kubelet as a process on test host `connector`: its arguments and
 /// environment, with the mounted Secret and ConfigMap files under `files`.
-fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path, kubeconfig: &Path) -> Process {
+fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path) -> Process {
     let manifest = items(c, &examples().join("hpk-connector.yaml"));
     let deployment = manifest.iter().find(|i| i["kind"] == "Deployment").expect("a Deployment");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
@@ -63,9 +64,7 @@ fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path, kubeconfig
     for arg in container["args"].as_array().expect("args") {
         cmd.arg(local(arg.as_str().expect("arg")));
     }
-    // As in the pod: the ServiceAccount's identity (here a token kubeconfig), the pod's IP, the
-    // ConfigMap's endpoint.
-    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
+    // As in the pod: the pod's IP, the Secret's endpoint (the kubeconfig is an argument).
     // This machine's disk may be fuller than the default 10 % threshold allows (a disk-pressure
     // taint would keep the example pods off the node), as every other test kubelet is told.
     cmd.arg("--disk-pressure-percent=1");
@@ -85,6 +84,57 @@ fn start_connector(c: &Cluster, remote: &RemoteRuntime, files: &Path, kubeconfig
 }
 
 /// The Secret and ConfigMap files of the Deployment, as `kubectl create secret` would hold them.
+/// The connector's node identity as the README makes it: an EC key and a CSR for
+/// `system:node:hpk-connector` in `system:nodes` (openssl), a CertificateSigningRequest for
+/// the `kubernetes.io/kube-apiserver-client-kubelet` signer, approved by the admin; returns the
+/// (certificate, key) files.
+fn node_identity(c: &Cluster, dir: &Path) -> (PathBuf, PathBuf) {
+    use base64::Engine as _;
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let (key, csr, cert) = (dir.join("identity.key"), dir.join("identity.csr"), dir.join("identity.crt"));
+    let out = std::process::Command::new("openssl")
+        .args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+        .args(["-subj", "/O=system:nodes/CN=system:node:hpk-connector", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&csr)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+    let request = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
+    c.apply(
+        &json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"name": CONNECTOR},
+            "spec": {"request": request, "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                     "usages": ["digital signature", "client auth"], "expirationSeconds": 86400}
+        })
+        .to_string(),
+    );
+    c.kubectl(&["certificate", "approve", CONNECTOR]);
+    // The controller-manager signs it within moments of the approval.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let issued = loop {
+        let b64 = c.kubectl(&["get", "csr", CONNECTOR, "-o", "jsonpath={.status.certificate}"]);
+        if !b64.trim().is_empty() {
+            break b64.trim().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the CSR was not signed within 30 s\n{}",
+            c.cp.kubectl()
+                .args(["describe", "csr"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let pem = base64::engine::general_purpose::STANDARD.decode(issued).expect("base64 certificate");
+    std::fs::write(&cert, pem).expect("write");
+    (cert, key)
+}
+
 fn write_files(c: &Cluster, remote: &RemoteRuntime, files: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let copy = |from: &Path, to: &str, mode: u32| {
@@ -114,6 +164,25 @@ fn write_files(c: &Cluster, remote: &RemoteRuntime, files: &Path) {
     copy(&key, "serving/tls.key", 0o400);
     copy(&c.cp.pki().client_ca().cert, "config/client-ca.crt", 0o444);
     std::fs::write(files.join("config/resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv.conf");
+    // The node identity (Secret hpk-connector-identity), the cluster's CA (kube-root-ca.crt)
+    // and the manifest's own kubeconfig (ConfigMap hpk-connector-kubeconfig), its paths and
+    // the in-cluster server as this host reaches them.
+    let (cert, key) = node_identity(c, &files.join("csr"));
+    copy(&cert, "identity/tls.crt", 0o400);
+    copy(&key, "identity/tls.key", 0o400);
+    copy(&c.cp.pki().server_ca().cert, "cluster-ca/ca.crt", 0o444);
+    let manifest = items(c, &examples().join("hpk-connector.yaml"));
+    let config = manifest
+        .iter()
+        .find(|i| i["kind"] == "ConfigMap" && i["metadata"]["name"] == "hpk-connector-kubeconfig")
+        .expect("the kubeconfig ConfigMap");
+    let kubeconfig = config["data"]["kubeconfig"]
+        .as_str()
+        .expect("kubeconfig")
+        .replace("/etc/hpk-connector/", &format!("{}/", files.display()))
+        .replace("https://kubernetes.default.svc", c.cp.api_url());
+    std::fs::create_dir_all(files.join("kubeconfig")).expect("mkdir");
+    std::fs::write(files.join("kubeconfig/kubeconfig"), kubeconfig).expect("kubeconfig");
 }
 
 async fn connector_node(c: &Cluster) -> Option<Node> {
@@ -269,11 +338,9 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     let list = json!({"apiVersion": "v1", "kind": "List",
         "items": manifest.iter().filter(|i| i["kind"] != "Deployment").collect::<Vec<_>>()});
     c.apply(&list.to_string());
-    let token = c.kubectl(&["-n", "hpk-connector", "create", "token", "hpk-connector", "--duration=2h"]);
-    let kubeconfig = c.cp.token_kubeconfig("hpk-connector", token.trim()).expect("kubeconfig");
     let files = c.dir.path().join("connector");
     write_files(&c, &remote, &files);
-    let mut kubelet = start_connector(&c, &remote, &files, &kubeconfig);
+    let mut kubelet = start_connector(&c, &remote, &files);
     let logs = |remote: &RemoteRuntime, kubelet: &Process| {
         format!("--- connector kubelet:\n{}\n{}", kubelet.log_tail(60), remote.logs())
     };
@@ -290,6 +357,29 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     );
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get("node.hpk.io/role").map(String::as_str), Some("connector"));
+
+    // Review M2: the connector is a node to the API server, and no more. The Node authorizer
+    // and NodeRestriction refuse it what is not its own.
+    let as_connector = |args: &[&str]| {
+        std::process::Command::new(c.cp.bin_dir().join("kubectl"))
+            .arg(format!("--kubeconfig={}", files.join("kubeconfig/kubeconfig").display()))
+            .args(args)
+            .output()
+            .expect("kubectl")
+    };
+    let whoami = as_connector(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert_eq!(String::from_utf8_lossy(&whoami.stdout), "system:node:hpk-connector");
+    c.kubectl(&["create", "secret", "generic", "unrelated", "--from-literal=password=hunter2"]);
+    for attempt in [
+        &["get", "secret", "unrelated", "-o", "yaml"][..],
+        &["get", "pods", "--all-namespaces"][..],
+        &["label", "node", "node1", "hpk-test=planted"][..],
+        &["-n", "kube-system", "create", "token", "default"][..],
+    ] {
+        let out = as_connector(attempt);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("forbidden"), "the connector may {attempt:?}: {said}");
+    }
     let channel = hpk_rpc::connect::mutual_tls(
         &creds.endpoint,
         &std::fs::read(&creds.ca).expect("ca"),
