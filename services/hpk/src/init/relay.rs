@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,6 +73,13 @@ impl Limits {
 /// Starts one relay task per published TCP port.
 pub fn start(args: &InitArgs) -> Result<()> {
     let names = args.role.tcp_ports();
+    // The loopback ports the relay targets are the host's numbers: keep the kernel from
+    // handing them to a bind of port 0 in the bubble (the streaming server's, a client's), which
+    // would take the service's port and have the relay expose that listener (review L5).
+    let targets: Vec<u16> = names.iter().map(|n| args.port(n)).collect::<Result<_>>()?;
+    if let Err(e) = reserve_ports(Path::new(RESERVED_PORTS), &targets) {
+        tracing::warn!(error = %e, "the relayed ports are not reserved: a bind of port 0 in the bubble could take one");
+    }
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(1024, |(soft, _)| soft);
     let limits = Limits::for_descriptors(nofile, names.len());
@@ -86,6 +94,22 @@ pub fn start(args: &InitArgs) -> Result<()> {
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         tokio::spawn(run(listener, target, (*name).to_owned(), limits));
     }
+    Ok(())
+}
+
+/// The bubble's network namespace's reserved local ports.
+const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// Adds `ports` to the reserved local ports (`sysctl` file `file`, per network namespace):
+/// the kernel gives none of them to a bind of port 0, nor to an outgoing connection; an
+/// explicit bind still gets it.
+pub fn reserve_ports(file: &Path, ports: &[u16]) -> Result<()> {
+    let current = std::fs::read_to_string(file).map_err(|e| Error::io("read", file.display(), e))?;
+    let mut all: Vec<String> =
+        current.trim().split(',').filter(|p| !p.is_empty()).map(str::to_owned).collect();
+    all.extend(ports.iter().map(u16::to_string));
+    std::fs::write(file, all.join(",")).map_err(|e| Error::io("write", file.display(), e))?;
+    tracing::info!(?ports, "the relayed ports are reserved in the bubble");
     Ok(())
 }
 
@@ -356,6 +380,34 @@ async fn pump(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review L5: in a network namespace of its own (this test thread's), with four ephemeral
+    /// ports of which the relay's two are reserved, binds of port 0 get the other two only.
+    #[test]
+    fn reserved_relay_ports_are_never_handed_to_a_bind_of_port_0() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: a network namespace of the test's own needs root");
+            return;
+        }
+        let thread = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a network namespace");
+            // /proc/sys/net is the namespace of the thread that opens it: this one's.
+            let base = Path::new("/proc/sys/net/ipv4");
+            std::fs::write(base.join("ip_local_port_range"), "40000 40003").expect("port range");
+            reserve_ports(&base.join("ip_local_reserved_ports"), &[40001, 40002]).expect("reserve");
+            let reserved = std::fs::read_to_string(base.join("ip_local_reserved_ports")).expect("read");
+            assert_eq!(reserved.trim(), "40001-40002");
+            let mut held = Vec::new();
+            while let Ok(socket) = std::net::TcpListener::bind("0.0.0.0:0") {
+                held.push(socket);
+                assert!(held.len() <= 4, "more binds than ephemeral ports");
+            }
+            let mut ports: Vec<u16> = held.iter().map(|s| s.local_addr().expect("addr").port()).collect();
+            ports.sort_unstable();
+            ports
+        });
+        assert_eq!(thread.join().expect("the thread"), [40000, 40003]);
+    }
 
     fn limits() -> Limits {
         Limits {
