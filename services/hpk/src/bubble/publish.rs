@@ -9,9 +9,9 @@
 //! (PEM of the expected kind), and only then writes the shared files itself:
 //!
 //! - controller: `ca.crt`, `client-ca.crt`, `apiserver` and `cert-signer` (the URLs are the
-//!   launcher's own, from the address and the ports it bound), `kube-proxy.kubeconfig`, then
-//!   `kubeconfig` last (its presence means the control plane is ready). Both kubeconfigs are
-//!   written here from the published certificate and key: a client certificate and key, the
+//!   launcher's own, from the address and the ports it bound), then `kubeconfig` last (its
+//!   presence means the control plane is ready). The kubeconfig is written here from the
+//!   published certificate and key: a client certificate and key, the
 //!   expected server and the server CA, and nothing else — no `exec`, `auth-provider`, token
 //!   or proxy can be in them.
 //! - runtime: `runtime-ca.crt`, then `runtime-endpoint`.
@@ -95,7 +95,6 @@ pub fn try_publish(node_dir: &Path, target: &Target<'_>) -> Result<bool> {
         Role::Controller => {
             let server_ca = cert("ca.crt")?;
             let client_ca = cert("client-ca.crt")?;
-            let (proxy_cert, proxy_key) = (cert("kube-proxy.crt")?, key("kube-proxy.key")?);
             let (admin_cert, admin_key) = (cert("admin.crt")?, key("admin.key")?);
             let api = target.url("apiserver")?;
             let signer = target.url("cert-signer")?;
@@ -104,8 +103,6 @@ pub fn try_publish(node_dir: &Path, target: &Target<'_>) -> Result<bool> {
             write_file(&shared.join("client-ca.crt"), &client_ca, 0o644)?;
             write_file(&shared.join("cert-signer"), format!("{signer}\n").as_bytes(), 0o644)?;
             write_file(&shared.join("apiserver"), api.as_bytes(), 0o644)?;
-            let proxy = kubeconfig(&name, &api, &server_ca, "kube-proxy", &proxy_cert, &proxy_key);
-            write_file(&shared.join("kube-proxy.kubeconfig"), proxy.as_bytes(), 0o600)?;
             let admin = kubeconfig(&name, &api, &server_ca, "admin", &admin_cert, &admin_key);
             write_file(&target.shared.kubeconfig(), admin.as_bytes(), 0o600)?;
         }

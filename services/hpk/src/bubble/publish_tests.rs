@@ -27,12 +27,10 @@ impl Fixture {
     }
 
     fn controller_parts(&self) {
-        for name in ["ca.crt", "client-ca.crt", "kube-proxy.crt", "admin.crt"] {
+        for name in ["ca.crt", "client-ca.crt", "admin.crt"] {
             self.part(name, CERT);
         }
-        for name in ["kube-proxy.key", "admin.key"] {
-            self.part(name, KEY);
-        }
+        self.part("admin.key", KEY);
         self.part(READY, "");
     }
 
@@ -59,10 +57,7 @@ fn the_controller_publishes_kubeconfigs_it_writes_itself() {
     let f = Fixture::new();
     f.controller_parts();
     assert!(f.publish(Role::Controller).expect("publish"));
-    assert_eq!(
-        f.shared_files(),
-        ["apiserver", "ca.crt", "cert-signer", "client-ca.crt", "kube-proxy.kubeconfig", "kubeconfig"]
-    );
+    assert_eq!(f.shared_files(), ["apiserver", "ca.crt", "cert-signer", "client-ca.crt", "kubeconfig"]);
     let read = |name: &str| std::fs::read_to_string(f.shared.dir.join(name)).expect("read");
     assert_eq!(read("apiserver"), "https://10.1.2.3:6443");
     assert_eq!(read("cert-signer"), "https://10.1.2.3:7443\n");
@@ -73,10 +68,8 @@ fn the_controller_publishes_kubeconfigs_it_writes_itself() {
     let user = config.auth_infos[0].auth_info.as_ref().expect("user");
     assert!(user.exec.is_none() && user.auth_provider.is_none() && user.token.is_none());
     assert!(user.client_certificate_data.is_some() && user.client_key_data.is_some());
-    for name in ["kubeconfig", "kube-proxy.kubeconfig"] {
-        let mode = std::fs::metadata(f.shared.dir.join(name)).expect("stat").permissions().mode();
-        assert_eq!(mode & 0o777, 0o600, "{name}");
-    }
+    let mode = std::fs::metadata(f.shared.kubeconfig()).expect("stat").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
 }
 
 #[test]
@@ -102,7 +95,7 @@ fn hostile_parts_are_refused_and_nothing_is_published() {
         ("ca.crt", &format!("{CERT}{CERT}")),
         ("ca.crt", "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n"),
         ("ca.crt", "-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n"),
-        ("kube-proxy.crt", &format!("{CERT}\nexec: x\n")),
+        ("admin.crt", &format!("{CERT}\nexec: x\n")),
         ("client-ca.crt", &"A".repeat(70_000)),
     ];
     for (name, text) in cases {

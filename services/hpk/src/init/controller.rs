@@ -15,7 +15,7 @@ use kube::api::PostParams;
 
 use super::InitArgs;
 use super::supervisor::{Service, Supervisor};
-use crate::addons::{KUBE_PROXY_USER, KUBERNETES_SERVICE_IP};
+use crate::addons::KUBERNETES_SERVICE_IP;
 use crate::bubble::spec::{NODE_DIR, SHARED_DIR};
 use crate::cluster::write_file;
 use crate::controlplane;
@@ -157,7 +157,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     // Published by the launcher (bubble::publish), which checks these parts, writes the
     // kubeconfigs itself and puts them in the shared directory, the admin kubeconfig last (the
     // "ready" mark). The parts: public certificates, and the client certificates and keys of
-    // kube-proxy (every bubble runs it) and of the admin; no CA key ever leaves this node.
+    // the admin; no CA key ever leaves this node. (kube-proxy runs as its node: review M4.)
     let publish = d(crate::bubble::publish::PUBLISH_DIR);
     let copy = |from: &Path, to: &str, mode: u32| -> Result<()> {
         let bytes = std::fs::read(from).map_err(|e| Error::io("read", from.display(), e))?;
@@ -165,9 +165,6 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     };
     copy(&server_ca.cert, "ca.crt", 0o644)?;
     copy(&client_ca.cert, "client-ca.crt", 0o644)?;
-    let proxy_files = pki.client_cert("kube-proxy", KUBE_PROXY_USER, &[])?;
-    copy(&proxy_files.cert, "kube-proxy.crt", 0o644)?;
-    copy(&proxy_files.key, "kube-proxy.key", 0o600)?;
     copy(&admin_files.cert, "admin.crt", 0o644)?;
     copy(&admin_files.key, "admin.key", 0o600)?;
     write_file(&publish.join(crate::bubble::publish::READY), b"", 0o644)?;
@@ -236,6 +233,25 @@ async fn apply_node_rbac(admin: &kube::Client) -> Result<()> {
     ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)?;
     ignore_exists(
         Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await,
+    )?;
+    // Each node's kube-proxy runs with the node's own identity (no kube-proxy key on the shared
+    // filesystem, review M4): the nodes get what upstream grants system:kube-proxy.
+    let proxier = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta { name: Some("hpk:node-proxier".into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "system:node-proxier".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Group".into(),
+            name: "system:nodes".into(),
+            ..Default::default()
+        }]),
+    };
+    ignore_exists(
+        Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &proxier).await,
     )?;
     Ok(())
 }

@@ -128,12 +128,12 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     sup.start(Service::new("hpk-kubelet", "/usr/local/bin/hpk-kubelet", kubelet))?;
 
     // ClusterIP Services: the node's pods are routed through the bubble, where kube-proxy's
-    // rules apply. It syncs once the kubelet has registered the Node.
-    let proxy_kubeconfig = shared.join("kube-proxy.kubeconfig");
+    // rules apply. It syncs once the kubelet has registered the Node, as the node itself
+    // (system:nodes may do what system:kube-proxy may: the controller binds the role).
     sup.start(Service::new(
         "kube-proxy",
         "/usr/local/bin/kube-proxy",
-        kube_proxy_args(&args.node, args.address, &proxy_kubeconfig),
+        kube_proxy_args(&args.node, args.address, &kubeconfig),
     ))?;
     Ok(())
 }
