@@ -1,12 +1,13 @@
 //! Where a cluster's files live.
 //!
 //! - The **shared directory** `~/.hpk/<cluster>/` (`$HPK_HOME` instead of `~/.hpk`): what users
-//!   and the other bubbles read — `kubeconfig` and `node-token` (0600), `ca.crt` (public), the
+//!   and the other bubbles read — the user's `kubeconfig` (0600), `ca.crt` (public), the
 //!   endpoint files (`apiserver`, `cert-signer`: URLs) and `nodes/<node>.json` (each bubble's
 //!   published ports and its launcher's PID). On a Slurm cluster this is the NFS home; no
-//!   private key of a CA is ever written here.
+//!   secret of the nodes' (the node token, a key) is ever written here: the node token reaches
+//!   each launcher in its environment ([`NODE_TOKEN_ENV`]) and stays in its node directory.
 //! - The **node directory** `$HPK_STATE_DIR/<cluster>/<node>/` (default `/tmp/hpk-<uid>`,
-//!   node-local, 0700): the bubble's bundle and crun state, the controller's CA keys and etcd
+//!   node-local, 0700): the node token, the bubble's bundle and crun state, the controller's CA keys and etcd
 //!   data, the runtime's and kubelet's state, the logs. Removed when the bubble stops.
 //! - The **image cache** `$HPK_STATE_DIR/images/`: unpacked root filesystems, shared by the
 //!   bubbles of this machine, one per image manifest, each trusted only with this user's stamp
@@ -42,11 +43,6 @@ impl Shared {
     /// The admin kubeconfig (0600).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
-    }
-
-    /// The node token (0600).
-    pub fn node_token(&self) -> PathBuf {
-        self.dir.join("node-token")
     }
 
     /// The server CA's certificate: pins the API server, the cert-signer and kubelets.
@@ -178,6 +174,37 @@ pub fn check_label(value: &str, what: &str) -> Result<()> {
     }
 }
 
+/// The environment variable that hands the cluster's node token to each launcher. `hpk up` and
+/// `hpk slurm job` set it for the launchers they start (Slurm carries a step's environment to
+/// its nodes over its own authenticated channel); each launcher keeps it in its node-local
+/// node directory ([`NODE_TOKEN_FILE`]), and it is never written to the shared directory
+/// (review M4). The launcher's own host-side programs do not inherit it.
+pub const NODE_TOKEN_ENV: &str = "HPK_NODE_TOKEN";
+
+/// The node token's file in a node directory (0600), where the bubble's services read it.
+pub const NODE_TOKEN_FILE: &str = "node-token";
+
+/// A new node token: 32 random bytes in hexadecimal.
+pub fn new_node_token() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
+    Ok(hex::encode(bytes))
+}
+
+/// The node token a launcher was given in [`NODE_TOKEN_ENV`] (`value`): 64 hexadecimal digits.
+pub fn parse_node_token(value: Option<std::ffi::OsString>) -> Result<String> {
+    let value = value.ok_or_else(|| {
+        Error::Invalid(format!(
+            "{NODE_TOKEN_ENV} is not set: a controller or worker bubble needs the cluster's node token, which `hpk up` and `hpk slurm job` hand to the launchers they start"
+        ))
+    })?;
+    match value.into_string() {
+        Ok(token) if token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(token),
+        _ => Err(Error::Invalid(format!("{NODE_TOKEN_ENV} is not a node token (64 hexadecimal digits)"))),
+    }
+}
+
 /// Writes `contents` to `path` atomically (a temporary file renamed over it) with `mode`.
 pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     use std::io::Write;
@@ -249,6 +276,47 @@ mod lifetime_tests {
         assert_eq!(parse_lifetime("30d"), Ok(Duration::from_secs(30 * 86_400)));
         for bad in ["", "12", "h", "0s", "12x", "-1h", "99999d"] {
             assert!(parse_lifetime(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    /// Review L17: a secret is written into a new file made with its final mode (never into
+    /// one that was there, whatever its mode or wherever a link there points), then renamed
+    /// over the old one.
+    #[test]
+    fn secrets_are_written_with_their_final_mode_never_through_what_was_there() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("node-token");
+        let staging = path.with_extension(format!("tmp{}", std::process::id()));
+        let mode = |p: &Path| std::fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o777;
+        // What a killed run left at the staging name: a file anyone may read, then a link to a
+        // file of the user's elsewhere.
+        std::fs::write(&staging, "left").expect("write");
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        write_file(&path, b"secret-1", 0o600).expect("write over a left file");
+        assert_eq!((std::fs::read(&path).expect("read"), mode(&path)), (b"secret-1".to_vec(), 0o600));
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, "mine").expect("write");
+        std::os::unix::fs::symlink(&elsewhere, &staging).expect("symlink");
+        write_file(&path, b"secret-2", 0o600).expect("write over a left link");
+        assert_eq!(std::fs::read_to_string(&elsewhere).expect("read"), "mine", "written through the link");
+        assert_eq!((std::fs::read(&path).expect("read"), mode(&path)), (b"secret-2".to_vec(), 0o600));
+        // An existing file of a wider mode is replaced, not rewritten in place.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_file(&path, b"secret-3", 0o600).expect("replace");
+        assert_eq!(mode(&path), 0o600);
+        assert!(!staging.exists() && std::fs::symlink_metadata(&staging).is_err(), "nothing left staged");
+    }
+
+    #[test]
+    fn node_tokens_are_made_random_and_read_only_whole() {
+        let (a, b) = (new_node_token().expect("token"), new_node_token().expect("token"));
+        assert_ne!(a, b);
+        assert_eq!(parse_node_token(Some(a.clone().into())).expect("a made token"), a);
+        let err = parse_node_token(None).expect_err("unset").to_string();
+        assert!(err.contains(NODE_TOKEN_ENV) && err.contains("hpk up"), "{err}");
+        for bad in ["", "abc", &format!("{a}0"), &format!("{}g", &a[..63]), &format!("{a}\n")] {
+            assert!(parse_node_token(Some(bad.into())).is_err(), "{bad:?} was taken");
         }
     }
 

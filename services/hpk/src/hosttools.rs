@@ -87,6 +87,26 @@ impl HostTools {
         Ok(tools)
     }
 
+    /// The programs of an image a launcher unpacked earlier, at `root` as its record in
+    /// `~/.hpk` names it (`hpk down`, `hpk shell`): only from the image cache of the state
+    /// directory `state_base`, and only while that directory and the cache are still this
+    /// user's alone. After a reboot or a `/tmp` clean-up another user may have made the same
+    /// path, and would then choose what runs as this user.
+    pub fn from_cache(state_base: &Path, root: &Path) -> Result<Self> {
+        let cache = state_base.join("images");
+        let inside = root.starts_with(&cache)
+            && root.components().all(|c| matches!(c, Component::Normal(_) | Component::RootDir));
+        if !inside {
+            return Err(Error::Image {
+                path: root.to_owned(),
+                reason: format!("not in this user's image cache {}: not run", cache.display()),
+            });
+        }
+        crate::preflight::statefs::verify_private(state_base)?;
+        crate::preflight::statefs::verify_private(&cache)?;
+        Self::new(root)
+    }
+
     /// The unpacked image these programs come from.
     pub fn root(&self) -> &Path {
         &self.root
@@ -99,6 +119,8 @@ impl HostTools {
     /// A command that runs `tool` from the image (arguments are added by the caller).
     pub fn command(&self, tool: Tool) -> Command {
         let mut cmd = Command::new(&self.loader);
+        // The launcher's secret is its own, not crun's or slirp4netns'.
+        cmd.env_remove(crate::cluster::NODE_TOKEN_ENV);
         cmd.arg("--library-path").arg(&self.library_path).arg("--argv0").arg(tool.name());
         // Checked in `new`; a program removed since fails at its start, with the loader's
         // message, like any missing program would.

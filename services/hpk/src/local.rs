@@ -112,10 +112,12 @@ pub async fn up(args: &UpArgs) -> Result<()> {
 async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4Addr) -> Result<()> {
     let t0 = Instant::now();
     let names: Vec<String> = (1..=args.nodes).map(|i| format!("{}-{i}", args.name)).collect();
+    // The cluster's node token, handed to each launcher in its environment only.
+    let token = cluster::new_node_token()?;
     step(&format!("starting the controller bubble {} on {address}", names[0]));
     let mut pids = vec![(
         names[0].clone(),
-        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address)?,
+        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address, &token)?,
     )];
     let deadline = Instant::now() + CONTROL_PLANE_BOUND;
     while !shared.kubeconfig().is_file() {
@@ -132,7 +134,10 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
     done(&format!("control plane ready ({:.1} s)", t0.elapsed().as_secs_f64()));
     for name in &names[1..] {
         step(&format!("starting the worker bubble {name}"));
-        pids.push((name.clone(), spawn_launcher(args, shared, name, bubble::Role::Worker, image, address)?));
+        pids.push((
+            name.clone(),
+            spawn_launcher(args, shared, name, bubble::Role::Worker, image, address, &token)?,
+        ));
     }
     let client = crate::init::client(&shared.kubeconfig()).await?;
     let mut alive = || check_launchers(shared, &pids);
@@ -268,6 +273,7 @@ fn spawn_launcher(
     role: bubble::Role,
     image: &Path,
     address: Ipv4Addr,
+    token: &str,
 ) -> Result<u32> {
     let logs = cluster::state_base().join(&shared.name);
     image::create_private_dir(&logs)?;
@@ -284,6 +290,7 @@ fn spawn_launcher(
         .arg("--image")
         .arg(image);
     cmd.args(args.options.to_args());
+    cmd.env(cluster::NODE_TOKEN_ENV, token);
     // Its own session: the launcher outlives `hpk up` and a closed terminal.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);
@@ -309,6 +316,24 @@ fn check_launchers(shared: &Shared, pids: &[(String, u32)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Deletes the bubbles of `shared` whose crun state is still in `state` (checked private by
+/// the caller), each with the crun of the image its launcher ran.
+fn delete_bubbles(shared: &Shared, state: &Path) {
+    let records: Vec<cluster::NodeRecord> = shared.nodes().into_iter().flatten().collect();
+    let Ok(entries) = std::fs::read_dir(state) else { return };
+    for entry in entries.flatten() {
+        let node = entry.file_name().to_string_lossy().into_owned();
+        let crun_root = entry.path().join("crun");
+        let rootfs = records.iter().find(|r| r.node == node).and_then(|r| r.rootfs.clone());
+        if let (true, Some(tools)) =
+            (crun_root.is_dir(), rootfs.and_then(|r| HostTools::from_cache(&cluster::state_base(), &r).ok()))
+        {
+            let id = format!("hpk-{}-{node}", shared.name);
+            let _ = bubble::crun(&tools, &crun_root).args(["delete", "--force", &id]).output();
+        }
+    }
 }
 
 /// The last lines of every log of every node of the cluster, to stderr.
@@ -379,22 +404,23 @@ fn down_cluster(shared: &Shared, verbose: bool) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     // What a killed launcher could not remove: its bubble (crun state in the node directory),
-    // deleted with the crun of the image it ran.
+    // deleted with the crun of the image it ran. Only from a state directory that is still
+    // this user's alone: one another user made at the same path (after a reboot or a /tmp
+    // clean-up) is neither read, run from nor removed.
     let state = cluster::state_base().join(&shared.name);
-    let records: Vec<cluster::NodeRecord> = shared.nodes().into_iter().flatten().collect();
-    if let Ok(entries) = std::fs::read_dir(&state) {
-        for entry in entries.flatten() {
-            let node = entry.file_name().to_string_lossy().into_owned();
-            let crun_root = entry.path().join("crun");
-            let rootfs = records.iter().find(|r| r.node == node).and_then(|r| r.rootfs.clone());
-            if let (true, Some(tools)) = (crun_root.is_dir(), rootfs.and_then(|r| HostTools::new(&r).ok())) {
-                let id = format!("hpk-{}-{node}", shared.name);
-                let _ = bubble::crun(&tools, &crun_root).args(["delete", "--force", &id]).output();
-            }
-        }
-    }
     let mut leftovers = Vec::new();
-    for dir in [&state, &shared.dir] {
+    let mut dirs = vec![&shared.dir];
+    let verify = preflight::statefs::verify_private;
+    match verify(&cluster::state_base()).and_then(|()| verify(&state)) {
+        Ok(()) => {
+            delete_bubbles(shared, &state);
+            dirs.insert(0, &state);
+        }
+        // Nothing there (not even a link): nothing to delete.
+        Err(_) if std::fs::symlink_metadata(&state).is_err() => {}
+        Err(e) => leftovers.push(format!("{} left alone: {e}", state.display())),
+    }
+    for dir in dirs {
         if dir.exists()
             && let Err(e) = std::fs::remove_dir_all(dir)
         {

@@ -7,6 +7,7 @@
 //! node record, so no nsenter is needed on the host.
 
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 
 use crate::bubble::process_alive;
 use crate::cluster::{self, Shared};
@@ -50,6 +51,11 @@ pub fn run(args: &ShellArgs) -> Result<i32> {
             args.node
         ))
     })?;
+    // Checked on the host, before entering the launcher's user namespace (where the host's
+    // owners do not show): the image is in the cache of the state directory the launcher
+    // recorded, and that is still this user's alone.
+    let state_base = record.state_dir.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+    HostTools::from_cache(state_base, &rootfs)?;
     enter_launcher_namespaces(record.launcher_pid)?;
     let tools = HostTools::new(&rootfs)?;
     let mut cmd = crate::bubble::crun(&tools, &record.state_dir.join("crun"));

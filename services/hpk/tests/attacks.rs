@@ -61,6 +61,11 @@ fn node_client_cert(env: &Env, node: &str) -> (std::path::PathBuf, std::path::Pa
     (cert, key)
 }
 
+/// The node token the launcher of `node` keeps in its node directory.
+fn node_token(env: &Env, node: &str) -> std::path::PathBuf {
+    node_client_cert(env, node).0.with_file_name("node-token")
+}
+
 /// `hpk-cert-signer request` for `node`'s client certificate, as the node renews it: with the
 /// token and its current certificate.
 fn signer_signs(env: &Env, cluster: &str, node: &str, out_dir: &Path) -> Result<(), String> {
@@ -73,7 +78,7 @@ fn signer_signs(env: &Env, cluster: &str, node: &str, out_dir: &Path) -> Result<
         .arg(format!("--client-key={}", key.display()))
         .arg(format!("--server-file={}", shared.join("cert-signer").display()))
         .arg(format!("--ca-cert={}", shared.join("ca.crt").display()))
-        .arg(format!("--token-file={}", shared.join("node-token").display()))
+        .arg(format!("--token-file={}", node_token(env, node).display()))
         .arg(format!("--node-name={node}"))
         .arg("--profile=client")
         .arg(format!("--cert-out={}", out_dir.join("c.crt").display()))
@@ -277,6 +282,8 @@ fn valid_in(cert: &Path, seconds: u64) -> bool {
 /// serving certificate naming localhost or a loopback address; and a serving certificate for
 /// a new name with the API server's host address does not pass as the API server, whose CA
 /// issues kubelets nothing. Every certificate ends within a day of the cluster's lifetime.
+/// M4 first: the token is not on the shared filesystem at all (nor any key but the user's own
+/// kubeconfig's); the attacker's copy is taken from a node directory.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaked_node_token_mints_no_other_identity() {
     let Some(image) = prerequisites() else { return };
@@ -285,10 +292,33 @@ async fn a_leaked_node_token_mints_no_other_identity() {
     assert!(out.status.success(), "hpk up: {}", text(&out));
     let shared = env.home.path().join("leak");
 
-    // What the attacker took, in a directory of its own.
+    // M4: the shared directory holds nothing secret but the user's own kubeconfig — no node
+    // token, no key.
+    let token = std::fs::read_to_string(node_token(&env, "leak-2")).expect("the node's token");
+    assert_eq!(token.len(), 64);
+    let mut seen = Vec::new();
+    for entry in walk(&shared) {
+        let name = entry.strip_prefix(&shared).expect("inside").display().to_string();
+        if name != "kubeconfig" {
+            let bytes = std::fs::read(&entry).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                !text.contains(token.trim()) && !text.contains("PRIVATE KEY"),
+                "a secret in the shared directory: {name}"
+            );
+        }
+        seen.push(name);
+    }
+    assert!(seen.iter().any(|n| n == "ca.crt") && !seen.iter().any(|n| n.contains("token")), "{seen:?}");
+
+    // What the attacker took (a pod read it, or a backup did), in a directory of its own.
     let loot = tempfile::tempdir().expect("tempdir");
-    for file in ["node-token", "ca.crt", "cert-signer"] {
-        std::fs::copy(shared.join(file), loot.path().join(file)).expect("copy");
+    for (file, from) in [
+        ("node-token", node_token(&env, "leak-1")),
+        ("ca.crt", shared.join("ca.crt")),
+        ("cert-signer", shared.join("cert-signer")),
+    ] {
+        std::fs::copy(from, loot.path().join(file)).expect("copy");
         nix::unistd::chown(&loot.path().join(file), Some(nix::unistd::Uid::from_raw(65534)), None)
             .expect("chown");
     }
@@ -570,4 +600,87 @@ async fn a_pod_cannot_plant_a_kubeconfig() {
         env.kubectl_ok("plant", &["get", "namespace", "wild", "-o", "jsonpath={.metadata.name}"]),
         "wild"
     );
+}
+
+/// Review C1, after the fact: the state directory is gone (a reboot, a `/tmp` clean-up) and
+/// another user made one at the same path, with an "image" in it whose loader is their
+/// program. `hpk down`, which deletes the bubbles a killed launcher left with the crun of the
+/// image its record names, runs nothing from it, removes nothing of it and says why. The same
+/// layout made by the user is used (the control: the planted loader does run), so the test
+/// can fail.
+#[test]
+fn down_runs_nothing_from_a_state_directory_another_user_made() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::getuid().is_root() {
+        assert!(
+            std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+            "another user's directory needs root to make"
+        );
+        eprintln!("SKIPPED: another user's directory needs root to make");
+        return;
+    }
+    const ATTACKER: u32 = 61_002;
+    for theirs in [true, false] {
+        let base = tempfile::tempdir().expect("tempdir");
+        let (home, state) = (base.path().join("home"), base.path().join("state"));
+        let marker = base.path().join("ran");
+        let rootfs = state.join("images/sha256-planted/rootfs");
+        let loader = rootfs.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2");
+        for dir in
+            [loader.parent().expect("dir").to_owned(), rootfs.join("usr/bin"), state.join("c1/node1/crun")]
+        {
+            std::fs::create_dir_all(&dir).expect("mkdir");
+        }
+        std::fs::write(&loader, format!("#!/bin/sh\ntouch {}\n", marker.display())).expect("loader");
+        std::fs::set_permissions(&loader, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        for tool in ["crun", "slirp4netns"] {
+            std::fs::write(rootfs.join("usr/bin").join(tool), "").expect("tool");
+        }
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        if theirs {
+            let out =
+                Command::new("chown").args(["-R", &format!("{ATTACKER}:{ATTACKER}")]).arg(&state).output();
+            assert!(out.expect("chown").status.success());
+        }
+        let nodes = home.join("c1/nodes");
+        std::fs::create_dir_all(&nodes).expect("mkdir");
+        let record = serde_json::json!({
+            "node": "node1", "role": "controller", "address": "10.250.0.1", "launcher_pid": 999_999_999u32,
+            "host": "here", "state_dir": state.join("c1/node1"), "rootfs": rootfs, "ports": [],
+        });
+        std::fs::write(nodes.join("node1.json"), record.to_string()).expect("record");
+        let out = Command::new(env!("CARGO_BIN_EXE_hpk"))
+            .args(["down", "--name", "c1"])
+            .env("HPK_HOME", &home)
+            .env("HPK_STATE_DIR", &state)
+            .output()
+            .expect("hpk down");
+        let stderr = text(&out);
+        if theirs {
+            assert!(!marker.exists(), "hpk down ran the other user's program");
+            assert!(!out.status.success(), "hpk down must say what it left: {stderr}");
+            assert!(
+                stderr.contains("left alone") && stderr.contains(&format!("belongs to UID {ATTACKER}")),
+                "{stderr}"
+            );
+            assert!(state.join("c1/node1/crun").is_dir(), "the other user's files are not removed");
+            assert!(!home.join("c1").exists(), "the user's own cluster files are removed: {stderr}");
+        } else {
+            assert!(marker.exists(), "control: the image's loader runs for the user's own state: {stderr}");
+            assert!(!state.join("c1").exists(), "the user's own state is removed: {stderr}");
+        }
+    }
+}
+
+/// Every file under `dir`, links not followed.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => files.extend(walk(&path)),
+            _ => files.push(path),
+        }
+    }
+    files
 }

@@ -133,29 +133,6 @@ fn kubeconfig(cluster: &str, server: &str, ca: &[u8], user: &str, cert: &[u8], k
     )
 }
 
-/// Makes the cluster's node token (`~/.hpk/<cluster>/node-token`, 0600) unless it is there:
-/// the controller bubble reads it, and can no longer write the shared directory.
-pub fn ensure_node_token(shared: &Shared) -> Result<()> {
-    ensure_secret(&shared.node_token(), "the node token")
-}
-
-/// Makes a 0600 file of 32 random bytes in hexadecimal at `path`, unless one is there.
-pub fn ensure_secret(path: &Path, what: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Error::io("generate", what, std::io::Error::other(e.to_string())))?;
-    // Created with its final mode, never over an existing file (nor through a link).
-    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut file) => {
-            file.write_all(hex::encode(bytes).as_bytes()).map_err(|e| Error::io("write", path.display(), e))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(Error::io("create", path.display(), e)),
-    }
-}
-
 fn refused(part: &str, why: &str) -> Error {
     Error::Failed { what: format!("publishing the bubble's {part}"), detail: format!("refused: {why}") }
 }

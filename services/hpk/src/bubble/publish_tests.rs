@@ -151,14 +151,3 @@ fn the_runtime_publishes_its_ca_and_the_launchers_endpoint() {
         "https://10.1.2.3:8443\n"
     );
 }
-
-#[test]
-fn the_node_token_is_made_once_with_its_final_mode() {
-    let f = Fixture::new();
-    ensure_node_token(&f.shared).expect("token");
-    let token = std::fs::read_to_string(f.shared.node_token()).expect("read");
-    assert_eq!(token.len(), 64);
-    assert_eq!(std::fs::metadata(f.shared.node_token()).expect("stat").permissions().mode() & 0o777, 0o600);
-    ensure_node_token(&f.shared).expect("again");
-    assert_eq!(std::fs::read_to_string(f.shared.node_token()).expect("read"), token);
-}

@@ -27,7 +27,6 @@ const BOUND: Duration = Duration::from_secs(120);
 /// Starts the control plane and publishes the shared files.
 pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let node_dir = Path::new(NODE_DIR);
-    let shared = Path::new(SHARED_DIR);
     let api_port = args.port("apiserver")?;
     let signer_port = args.port("cert-signer")?;
     let d = |sub: &str| node_dir.join(sub);
@@ -104,12 +103,12 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .await?;
     }
 
-    // The node token: made by the launcher (the bubble sees the shared directory read-only).
-    // (The tunnel has no shared key: each node's net-forwarder makes its own key pair in
-    // memory.)
-    let token = shared.join("node-token");
+    // The node token: the launcher's, in the node directory (review M4: no secret of the
+    // nodes' is in the shared directory; the tunnel has no shared key either, each node's
+    // net-forwarder makes its own key pair in memory).
+    let token = d(crate::cluster::NODE_TOKEN_FILE);
     if !token.is_file() {
-        return Err(Error::Invalid(format!("the launcher made no node token at {}", token.display())));
+        return Err(Error::Invalid(format!("the launcher left no node token at {}", token.display())));
     }
     let signer_address = d("cert-signer.address");
     let _ = std::fs::remove_file(&signer_address);

@@ -26,7 +26,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let tunnel_fd = super::inherited_fd("tunnel")?;
 
     // The controller writes the kubeconfig last: once it is there, the rest is too.
-    let needed = ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt", "node-token"];
+    let needed = ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt"];
     let deadline = tokio::time::Instant::now() + CONTROLLER_BOUND;
     loop {
         let missing: Vec<&str> = needed.iter().copied().filter(|f| !shared.join(f).is_file()).collect();
@@ -43,6 +43,11 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let api_url = read(&shared.join("apiserver"))?;
+    // The node token: the launcher's, in the node directory (never in the shared one).
+    let token = node_dir.join(crate::cluster::NODE_TOKEN_FILE);
+    if !token.is_file() {
+        return Err(Error::Invalid(format!("the launcher left no node token at {}", token.display())));
+    }
 
     // The node's client identity (system:node:<name>), from the cert-signer's client profile.
     let client = CertFiles { cert: node_dir.join("node-client.crt"), key: node_dir.join("node-client.key") };
@@ -50,7 +55,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .arg("request")
         .arg(format!("--server-file={}", p(&shared.join("cert-signer"))))
         .arg(format!("--ca-cert={}", p(&shared.join("ca.crt"))))
-        .arg(format!("--token-file={}", p(&shared.join("node-token"))))
+        .arg(format!("--token-file={}", p(&token)))
         .arg(format!("--node-name={}", args.node))
         .arg("--profile=client")
         // A restarted node shows the certificate it has: the token enrols a node only once.
@@ -117,7 +122,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--root-dir={}", p(&node_dir.join("kubelet"))),
         format!("--cert-signer-address-file={}", p(&shared.join("cert-signer"))),
         format!("--cert-signer-ca={}", p(&shared.join("ca.crt"))),
-        format!("--node-token-file={}", p(&shared.join("node-token"))),
+        format!("--node-token-file={}", p(&token)),
         format!("--cert-signer-client-cert={}", p(&client.cert)),
         format!("--cert-signer-client-key={}", p(&client.key)),
         format!("--client-ca-file={}", p(&shared.join("client-ca.crt"))),

@@ -68,6 +68,23 @@ pub fn ensure_private(dir: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::io("create", dir.display(), e)),
     }
+    owned_and_closed(dir, true)
+}
+
+/// The directory exists and is this user's alone, as [`ensure_private`] leaves it, and so are
+/// its parents; nothing is created or changed. For what reads a state directory another run
+/// made (`hpk down`, `hpk shell`): after a reboot or a `/tmp` clean-up another user may have
+/// made that path, and nothing HPK runs may come from it then.
+pub fn verify_private(dir: &Path) -> Result<()> {
+    if let Some(parent) = dir.parent() {
+        check_ancestors(dir, parent)?;
+    }
+    owned_and_closed(dir, false)
+}
+
+/// `dir` is a real directory of this user's that no one else may write; with `close`, one
+/// that others may read is made 0700.
+fn owned_and_closed(dir: &Path, close: bool) -> Result<()> {
     let meta = std::fs::symlink_metadata(dir).map_err(|e| Error::io("inspect", dir.display(), e))?;
     let uid = nix::unistd::getuid().as_raw();
     let problem = if meta.file_type().is_symlink() {
@@ -83,7 +100,7 @@ pub fn ensure_private(dir: &Path) -> Result<()> {
     };
     match problem {
         // Ours, and no one else could have written into it: closed to others from now on.
-        None if meta.mode() & 0o077 != 0 => {
+        None if close && meta.mode() & 0o077 != 0 => {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| Error::io("chmod 0700", dir.display(), e))
@@ -311,6 +328,43 @@ mod tests {
             std::os::unix::fs::chown(&theirs, Some(61001), Some(61001)).expect("chown");
             let err = ensure_private(&theirs).expect_err("another user's").to_string();
             assert!(err.contains("belongs to UID 61001"), "{err}");
+        } else {
+            assert!(
+                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+                "other users' directories need root to make"
+            );
+            eprintln!("SKIPPED in part: other users' directories need root to make");
+        }
+    }
+
+    #[test]
+    fn verifying_changes_nothing_and_refuses_what_ensuring_refuses() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("state");
+        assert!(verify_private(&dir).is_err(), "a missing directory is not made");
+        assert!(!dir.exists());
+        ensure_private(&dir).expect("made");
+        verify_private(&dir).expect("ours, 0700");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        verify_private(&dir).expect("ours, readable by others");
+        assert_eq!(std::fs::metadata(&dir).expect("stat").permissions().mode() & 0o777, 0o755, "unchanged");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert!(verify_private(&dir).expect_err("world-writable").to_string().contains("mode 0777"));
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).expect("symlink");
+        assert!(verify_private(&link).expect_err("a link").to_string().contains("symbolic link"));
+        if nix::unistd::getuid().is_root() {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+            std::os::unix::fs::chown(&dir, Some(61001), Some(61001)).expect("chown");
+            let err = verify_private(&dir).expect_err("another user's").to_string();
+            assert!(err.contains("belongs to UID 61001"), "{err}");
+        } else {
+            assert!(
+                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+                "another user's directory needs root to make"
+            );
+            eprintln!("SKIPPED in part: another user's directory needs root to make");
         }
     }
 
