@@ -131,6 +131,21 @@ async fn kubectl_logs_with_follow_tail_since_timestamps_previous_and_container()
             .spawn()
             .expect("kubectl logs -f");
     let rx = lines_of(&mut follow);
+    // With --tail=0 a line written before kubectl's stream reached the kubelet is, rightly, not
+    // shown: first wait until the stream is there (a line written then arrives), bounded.
+    let attached = (0..20).any(|i| {
+        let marker = format!("attach-{i}");
+        say(&c, &marker);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while let Ok((_, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if line.starts_with("attach-") {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(attached, "kubectl logs -f showed none of 20 lines written a second apart");
+    while rx.try_recv().is_ok() {}
     let mut worst = Duration::ZERO;
     for i in 0..5 {
         let marker = format!("follow-{i}");
