@@ -12,7 +12,9 @@
 //! Following wakes on inotify events for the file (a 50 ms poll where inotify cannot be set
 //! up), shows only lines whose `\n` has been written, and asks [`Running`] at the first end of
 //! file and then about once a second; once the container has stopped, the rest of the file is
-//! read as without `follow` and the stream ends. Rotated or replaced files are not reopened.
+//! read as without `follow` and the stream ends. When the file at the path is replaced (the
+//! kubelet rotated the log: renamed it, and the runtime reopened a new one), the follower
+//! reads the old file to its end and goes on with the new one from its start.
 
 mod options;
 mod reader;

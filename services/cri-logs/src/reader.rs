@@ -99,6 +99,17 @@ impl Reader {
         let mut out = Vec::new();
         if self.read_some().await? {
             self.complete_lines(&mut out);
+        } else if self.follow.is_some() && self.rotated().await {
+            // The kubelet rotated the log (renamed it, and the runtime reopened a new file at
+            // the path), and the runtime has written to the new one, so it has stopped
+            // writing to the old one: the rest of the old one first, then the new one.
+            while self.read_some().await? {
+                self.complete_lines(&mut out);
+            }
+            self.file = File::open(&self.lines.path).await?;
+            if let Some(follow) = &mut self.follow {
+                follow.watcher = Watcher::new(&self.lines.path);
+            }
         } else if let Some(follow) = &mut self.follow {
             if follow.container_stopped().await {
                 self.follow = None;
@@ -114,6 +125,19 @@ impl Reader {
             self.done = true;
         }
         Ok(self.limit(out))
+    }
+
+    /// Whether the path now names another file than the one being read (the log was rotated)
+    /// and that file has content. Until the runtime writes there it may still write to the old
+    /// one (it reopens on a signal), so an empty new file is not a rotation yet; nor is a path
+    /// with no file (between the rename and the reopen).
+    async fn rotated(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(open), Ok(now)) = (self.file.metadata().await, tokio::fs::metadata(&self.lines.path).await)
+        else {
+            return false;
+        };
+        (open.dev(), open.ino()) != (now.dev(), now.ino()) && now.len() > 0
     }
 
     /// Appends up to [`CHUNK`] bytes of the file to `pending`; false at the end of the file.

@@ -302,6 +302,55 @@ async fn follow_shows_appended_lines_promptly_and_ends_when_the_container_stops(
 }
 
 #[tokio::test]
+async fn follow_goes_on_in_the_new_file_after_a_rotation_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = log_file(&dir, &rec(1, "stdout", "F", "first"));
+    let container = Container::new(true);
+    let mut logs = follow(path.clone(), LogOptions::default(), &container);
+    expect_text(
+        &mut logs,
+        "first
+",
+        Duration::from_secs(2),
+    )
+    .await;
+
+    // The kubelet renames the file and the runtime makes a new, empty one at the path; until
+    // the runtime's writer reopens, it still writes to the old file.
+    let rotated = dir.path().join("0.log.20261202-101010");
+    std::fs::rename(&path, &rotated).unwrap();
+    std::fs::write(&path, "").unwrap();
+    append(&rotated, &rec(2, "stdout", "F", "late in the old file"));
+    expect_text(
+        &mut logs,
+        "late in the old file
+",
+        Duration::from_secs(2),
+    )
+    .await;
+    // Then it writes to the new one only.
+    append(&path, &rec(3, "stdout", "F", "in the new file"));
+    expect_text(
+        &mut logs,
+        "in the new file
+",
+        Duration::from_secs(3),
+    )
+    .await;
+    append(&path, &rec(4, "stdout", "F", "and on"));
+    expect_text(
+        &mut logs,
+        "and on
+",
+        Duration::from_millis(500),
+    )
+    .await;
+
+    container.stop();
+    expect_end(&mut logs, Duration::from_secs(3)).await;
+}
+
+#[tokio::test]
 async fn following_a_stopped_container_shows_the_file_and_ends() {
     let dir = tempfile::tempdir().unwrap();
     let path = log_file(&dir, &(rec(1, "stdout", "F", "a") + "2026-11-30T06:01:02Z stdout F b"));

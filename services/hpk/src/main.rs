@@ -58,7 +58,16 @@ fn main() {
     } else {
         Cli::parse()
     };
-    hpk_rpc::telemetry::init(hpk_rpc::telemetry::LogFormat::Plain);
+    match &cli.command {
+        // The bubble's supervisor: its own log capped (the launcher gave it bubble.log).
+        Cmd::BubbleInit(args) if args.supervise => {
+            match hpk::init::capped_log::CappedLog::for_bubble_stderr() {
+                Some(log) => hpk_rpc::telemetry::init_with_writer(hpk_rpc::telemetry::LogFormat::Plain, log),
+                None => hpk_rpc::telemetry::init(hpk_rpc::telemetry::LogFormat::Plain),
+            }
+        }
+        _ => hpk_rpc::telemetry::init(hpk_rpc::telemetry::LogFormat::Plain),
+    }
     let result = match cli.command {
         // Before any thread: the launcher enters a mount namespace, the reaper blocks signals.
         Cmd::Bubble(args) => hpk::bubble::run(&args),

@@ -134,6 +134,17 @@ pub struct KubeletArgs {
     /// How long a denying SubjectAccessReview answer is reused.
     #[arg(long, env = "HPK_AUTHZ_DENIED_TTL", default_value = "30s", value_parser = parse_duration)]
     pub authorization_webhook_cache_unauthorized_ttl: Duration,
+    /// A container's log larger than this is rotated (`containerLogMaxSize`): a quantity,
+    /// e.g. `10Mi`.
+    #[arg(long, env = "HPK_CONTAINER_LOG_MAX_SIZE", default_value = "10Mi", value_parser = parse_size)]
+    pub container_log_max_size: u64,
+    /// Files kept per container log, the current one included (`containerLogMaxFiles`).
+    #[arg(long, env = "HPK_CONTAINER_LOG_MAX_FILES", default_value_t = 5,
+          value_parser = clap::value_parser!(u16).range(2..))]
+    pub container_log_max_files: u16,
+    /// How often container logs are checked for rotation (`containerLogMonitorInterval`).
+    #[arg(long, env = "HPK_CONTAINER_LOG_MONITOR_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub container_log_monitor_interval: Duration,
     /// Serve the kubelet's diagnostics (`hpk.kubelet.v1`) on this UNIX socket; by default
     /// `<root-dir>/kubelet.sock`.
     #[arg(long, env = "HPK_KUBELET_DIAGNOSTICS_SOCKET")]
@@ -193,6 +204,16 @@ pub const CONNECTOR_NODE_NAME: &str = "hpk-connector";
 pub const CONNECTOR_TAINT_KEY: &str = "hpk.io/connector";
 
 /// An absolute path.
+/// A positive size in bytes, as a quantity (`10Mi`, `65536`).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_owned());
+    match crate::quantity::units(&q) {
+        Ok(bytes) if bytes > 0 => Ok(bytes.unsigned_abs()),
+        Ok(_) => Err(format!("{text:?}: a size must be more than nothing")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn parse_absolute(text: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(text);
     if path.is_absolute() { Ok(path) } else { Err(format!("{text:?} is not an absolute path")) }
@@ -271,6 +292,21 @@ mod tests {
         assert_eq!(given, ["/hpk", "/scratch/admin", "/opt/site"].map(PathBuf::from));
         let err = parse(&["--forbidden-host-path=hpk"]).expect_err("relative").to_string();
         assert!(err.contains("not an absolute path"), "{err}");
+    }
+
+    #[test]
+    fn container_log_rotation_takes_upstreams_defaults_and_refuses_nonsense() {
+        let defaults = parse(&[]).expect("defaults");
+        assert_eq!(defaults.container_log_max_size, 10 << 20);
+        assert_eq!(defaults.container_log_max_files, 5);
+        assert_eq!(defaults.container_log_monitor_interval, Duration::from_secs(10));
+        let given = parse(&["--container-log-max-size=64Ki", "--container-log-max-files=2"]).expect("given");
+        assert_eq!((given.container_log_max_size, given.container_log_max_files), (64 << 10, 2));
+        for bad in
+            ["--container-log-max-size=0", "--container-log-max-size=ten", "--container-log-max-files=1"]
+        {
+            assert!(parse(&[bad]).is_err(), "{bad} was taken");
+        }
     }
 
     #[test]

@@ -88,6 +88,15 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));
+    // Container logs lie on this machine unless the runtime is remote (connector mode).
+    if ctx.cri.remote.is_none() {
+        let policy = crate::log_rotation::Policy {
+            max_size: args.container_log_max_size,
+            max_files: usize::from(args.container_log_max_files),
+            interval: args.container_log_monitor_interval,
+        };
+        tokio::spawn(crate::log_rotation::run(ctx.cri.runtime.clone(), policy, shutdown.clone()));
+    }
 
     let listener = hpk_rpc::serve::Listener::unix(&args.diagnostics_socket())?;
     let services = hpk_rpc::serve::Services::new()

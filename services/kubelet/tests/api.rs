@@ -921,3 +921,97 @@ fn websocket_upgrade(c: &Cluster, auth: &[&str], path: &str) -> String {
     // Frames from the server are unmasked: a 2-byte header, then the channel byte and data.
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Review M6 and upstream's `containerLogMaxSize`/`containerLogMaxFiles`: a container that
+/// writes without pause has its log rotated (at most the current file and `max files − 1`
+/// rotated ones), and `kubectl logs -f` goes on across each rotation without losing a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn container_logs_are_rotated_and_followed_across_rotations() {
+    let args = [
+        "--container-log-max-size=16Ki",
+        "--container-log-max-files=3",
+        "--container-log-monitor-interval=1s",
+    ];
+    let Some(c) = Cluster::start_with_kubelet_args(None, &[], &args).await else { return };
+    // About 80 KB/s: ten numbered lines of 90 bytes every 10 ms.
+    let pad = "x".repeat(80);
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: chatty\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, 'n=0; while true; do for j in 0 1 2 3 4 5 6 7 8 9; do echo \"seq $n {pad}\"; n=$((n+1)); done; sleep 0.01; done']\n",
+        c.shell
+    ));
+    wait_running(&c, "chatty").await;
+    let mut follow =
+        c.cp.kubectl()
+            .args(["logs", "-f", "chatty"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl logs -f");
+    let rx = lines_of(&mut follow);
+
+    let logs_root = c.dir.path().join("node1/kubelet/pod-logs");
+    let container_dir = || {
+        std::fs::read_dir(&logs_root)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("default_chatty_"))
+            .map(|e| e.path().join("c"))
+    };
+    // Watch the container's log directory until several rotations have happened.
+    let mut rotated_seen = std::collections::BTreeSet::new();
+    let (mut most_files, mut largest) = (0, 0);
+    let started = Instant::now();
+    while rotated_seen.len() < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "fewer than 5 rotations in 90 s: {rotated_seen:?}\n{}",
+            c.dump()
+        );
+        if let Some(dir) = container_dir() {
+            let files: Vec<(String, u64)> = std::fs::read_dir(&dir)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| {
+                            (
+                                e.file_name().to_string_lossy().into_owned(),
+                                e.metadata().map(|m| m.len()).unwrap_or(0),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            most_files = most_files.max(files.len());
+            for (name, size) in &files {
+                if name == "0.log" {
+                    largest = largest.max(*size);
+                } else {
+                    assert!(name.starts_with("0.log.2"), "an unexpected file in the log directory: {name}");
+                    rotated_seen.insert(name.clone());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The current file and at most two rotated ones; the current one is rotated within about
+    // an interval of passing 16 KiB (80 KB/s: some 100 KB at most, with slack for a busy CI).
+    assert!(most_files <= 3, "{most_files} files at once in the log directory");
+    assert!(largest < 1 << 20, "the current log reached {largest} bytes");
+
+    // Every line reached the follower, in order, across the rotations.
+    kill(&mut follow);
+    // (The last line may have been cut by the kill.)
+    let mut numbers: Vec<u64> = rx
+        .try_iter()
+        .filter_map(|(_, line)| line.strip_prefix("seq ")?.split_whitespace().next()?.parse().ok())
+        .collect();
+    numbers.pop();
+    assert!(numbers.len() > 5 * 16 * 1024 / 90, "kubectl logs -f showed only {} lines", numbers.len());
+    let gaps: Vec<(u64, u64)> =
+        numbers.windows(2).filter(|w| w[1] != w[0] + 1).map(|w| (w[0], w[1])).collect();
+    assert!(gaps.is_empty(), "kubectl logs -f lost or repeated lines across rotations: {gaps:?}");
+    // And kubectl logs reads the current file.
+    let last = c.kubectl(&["logs", "chatty", "--tail=1"]);
+    let n: u64 =
+        last.strip_prefix("seq ").and_then(|r| r.split_whitespace().next()?.parse().ok()).expect("a line");
+    assert!(n > *numbers.last().expect("lines"), "kubectl logs --tail=1 gave {last}");
+}

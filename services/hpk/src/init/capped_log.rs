@@ -44,11 +44,35 @@ impl CappedLog {
         Ok(())
     }
 
+    /// The bubble's own log (`logs/bubble.log` in the node directory), capped, when this
+    /// process's stderr is that file as the launcher opened it (review M6): the supervisor of
+    /// a long-lived bubble would otherwise grow it without end. `None` elsewhere.
+    pub fn for_bubble_stderr() -> Option<std::sync::Mutex<Self>> {
+        use std::os::unix::fs::MetadataExt;
+        let path = Path::new(crate::bubble::spec::NODE_DIR).join("logs/bubble.log");
+        let stderr = nix::sys::stat::fstat(std::os::fd::AsFd::as_fd(&std::io::stderr())).ok()?;
+        let file = std::fs::metadata(&path).ok()?;
+        #[allow(clippy::unnecessary_cast)] // the fields' types differ between C libraries
+        let same = stderr.st_dev as u64 == file.dev() && stderr.st_ino as u64 == file.ino();
+        same.then(|| Self::open(&path, MAX_LOG_BYTES).ok().map(std::sync::Mutex::new)).flatten()
+    }
+
     fn rotate(&mut self) -> io::Result<()> {
         std::fs::rename(&self.path, Self::previous(&self.path))?;
         self.file = OpenOptions::new().create(true).append(true).open(&self.path)?;
         self.size = 0;
         Ok(())
+    }
+}
+
+impl Write for CappedLog {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        CappedLog::write(self, buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 

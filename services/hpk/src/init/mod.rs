@@ -7,7 +7,7 @@
 //! dependency order with a readiness check each (every wait bounded, failing with what it saw),
 //! restarts any that exits with back-off, and on SIGTERM stops them in reverse order.
 
-mod capped_log;
+pub mod capped_log;
 mod controller;
 mod node;
 mod relay;

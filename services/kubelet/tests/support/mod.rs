@@ -50,6 +50,15 @@ impl Cluster {
     /// [`Self::start_with_cert_validity`] with more test hosts beside node1 (nothing runs on
     /// them yet).
     pub async fn start_with(validity: Option<&str>, more_hosts: &[&str]) -> Option<Self> {
+        Self::start_with_kubelet_args(validity, more_hosts, &[]).await
+    }
+
+    /// [`Self::start_with`] with more of the kubelet's flags.
+    pub async fn start_with_kubelet_args(
+        validity: Option<&str>,
+        more_hosts: &[&str],
+        kubelet_args: &[&str],
+    ) -> Option<Self> {
         if !tools_present() {
             return None;
         }
@@ -64,11 +73,15 @@ impl Cluster {
             bin_dir: Path::new(KUBELET).parent().expect("bin dir").to_owned(),
             insecure_registry: Some(registry.host_port()),
             tunnel: false,
-            kubelet_args: vec![
-                "--cluster-dns=10.96.0.10".into(),
+            kubelet_args: [
+                "--cluster-dns=10.96.0.10",
                 // This machine's disk may be fuller than the default 10 % threshold allows.
-                "--disk-pressure-percent=1".into(),
-            ],
+                "--disk-pressure-percent=1",
+            ]
+            .iter()
+            .chain(kubelet_args)
+            .map(|a| (*a).to_owned())
+            .collect(),
             kube_proxy: false,
         };
         cp.cert_signer_with_validity(&options.bin_dir, validity).expect("cert-signer");
