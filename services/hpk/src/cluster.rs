@@ -1,13 +1,14 @@
 //! Where a cluster's files live.
 //!
 //! - The **shared directory** `~/.hpk/<cluster>/` (`$HPK_HOME` instead of `~/.hpk`): what users
-//!   and the other bubbles read — the user's `kubeconfig` (0600), `ca.crt` (public), the
+//!   and the other bubbles read — `kubeconfig`, a link to the user's admin kubeconfig
+//!   `~/.hpk/<cluster>.kubeconfig` (0600, beside the directory: no bubble sees it), `ca.crt` (public), the
 //!   endpoint files (`apiserver`, `cert-signer`: URLs) and `nodes/<node>.json` (each bubble's
 //!   published ports and its launcher's PID). On a Slurm cluster this is the NFS home; no
 //!   secret of the nodes' (the node token, a key) is ever written here: the node token reaches
 //!   each launcher in its environment ([`NODE_TOKEN_ENV`]) and stays in its node directory.
-//! - The **node directory** `$HPK_STATE_DIR/<cluster>/<node>/` (default `/tmp/hpk-<uid>`,
-//!   node-local, 0700): the node token, the bubble's bundle and crun state, the controller's CA keys and etcd
+//! - The **node directory** `$HPK_STATE_DIR/<cluster>/<node>/` (default: the Slurm job's
+//!   `$TMPDIR/hpk`, `/tmp/hpk-<uid>`, or `$XDG_RUNTIME_DIR/hpk`; node-local, 0700): the node token, the bubble's bundle and crun state, the controller's CA keys and etcd
 //!   data, the runtime's and kubelet's state, the logs. Removed when the bubble stops.
 //! - The **image cache** `$HPK_STATE_DIR/images/`: unpacked root filesystems, shared by the
 //!   bubbles of this machine, one per image manifest, each trusted only with this user's stamp
@@ -40,9 +41,34 @@ impl Shared {
         Ok(Self { name: name.to_owned(), dir: hpk_home()?.join(name) })
     }
 
-    /// The admin kubeconfig (0600).
+    /// The admin kubeconfig as users name it: a symbolic link to [`Shared::kubeconfig_file`].
+    /// Bubbles see the shared directory, and the link in it, but not what it points to.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
+    }
+
+    /// The admin kubeconfig itself (0600), beside the shared directory and not in it: no
+    /// bubble mounts it, so a pod that broke out into its bubble cannot read the user's
+    /// credential (review M4, H5). `~/.hpk/<name>.kubeconfig`.
+    pub fn kubeconfig_file(&self) -> PathBuf {
+        let mut name = self.dir.file_name().unwrap_or_default().to_os_string();
+        name.push(".kubeconfig");
+        self.dir.with_file_name(name)
+    }
+
+    /// Removes the shared directory and the kubeconfig beside it; what is already gone is no
+    /// error.
+    pub fn remove(&self) -> Result<()> {
+        match std::fs::remove_file(self.kubeconfig_file()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", self.kubeconfig_file().display(), e)),
+        }
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove", self.dir.display(), e)),
+        }
     }
 
     /// The server CA's certificate: pins the API server, the cert-signer and kubelets.
@@ -134,11 +160,20 @@ pub fn hpk_home() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".hpk"))
 }
 
-/// `$HPK_STATE_DIR`, else `/tmp/hpk-<uid>`: node-local state.
+/// `$HPK_STATE_DIR`, else the one [`crate::preflight::statefs::choose_base`] chooses (the
+/// Slurm job's `$TMPDIR/hpk`, `/tmp/hpk-<uid>`, or `$XDG_RUNTIME_DIR/hpk` when another user
+/// holds that): node-local state. Chosen once per process, before it enters a user namespace.
 pub fn state_base() -> PathBuf {
-    std::env::var_os("HPK_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/hpk-{}", host_uid())))
+    if let Some(dir) = std::env::var_os("HPK_STATE_DIR") {
+        return PathBuf::from(dir);
+    }
+    static CHOSEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHOSEN
+        .get_or_init(|| {
+            let candidates = crate::preflight::statefs::BaseCandidates::from_env(host_uid());
+            crate::preflight::statefs::choose_base(&candidates)
+        })
+        .clone()
 }
 
 /// This user's UID as the host knows it: taken at the first call, which the launcher makes
@@ -221,6 +256,15 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
         .map_err(|e| Error::io("create", tmp.display(), e))?;
     file.write_all(contents).map_err(|e| Error::io("write", tmp.display(), e))?;
     drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", path.display(), e))
+}
+
+/// Makes `path` a symbolic link to `target` atomically (a link made beside it, renamed over
+/// whatever was there).
+pub fn write_link(path: &Path, target: &Path) -> Result<()> {
+    let tmp = path.with_extension(format!("link{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).map_err(|e| Error::io("link", tmp.display(), e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", path.display(), e))
 }
 

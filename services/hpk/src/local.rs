@@ -93,9 +93,7 @@ pub async fn up(args: &UpArgs) -> Result<()> {
         None => default_address()?,
     };
     // A fresh shared directory: nothing of an earlier run may be taken for this one's.
-    if shared.dir.exists() {
-        std::fs::remove_dir_all(&shared.dir).map_err(|e| Error::io("remove", shared.dir.display(), e))?;
-    }
+    shared.remove()?;
     image::create_private_dir(&shared.dir)?;
     let result = start_nodes(args, &shared, &image_path, address).await;
     if let Err(e) = result {
@@ -291,6 +289,8 @@ fn spawn_launcher(
         .arg(image);
     cmd.args(args.options.to_args());
     cmd.env(cluster::NODE_TOKEN_ENV, token);
+    // The state directory this command chose (and checked), not one chosen again.
+    cmd.env("HPK_STATE_DIR", cluster::state_base());
     // Its own session: the launcher outlives `hpk up` and a closed terminal.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.stdin(Stdio::null()).stdout(file).stderr(err);
@@ -409,23 +409,21 @@ fn down_cluster(shared: &Shared, verbose: bool) -> Result<()> {
     // clean-up) is neither read, run from nor removed.
     let state = cluster::state_base().join(&shared.name);
     let mut leftovers = Vec::new();
-    let mut dirs = vec![&shared.dir];
     let verify = preflight::statefs::verify_private;
     match verify(&cluster::state_base()).and_then(|()| verify(&state)) {
         Ok(()) => {
             delete_bubbles(shared, &state);
-            dirs.insert(0, &state);
+            if let Err(e) = std::fs::remove_dir_all(&state) {
+                leftovers.push(format!("{}: {e}", state.display()));
+            }
         }
         // Nothing there (not even a link): nothing to delete.
         Err(_) if std::fs::symlink_metadata(&state).is_err() => {}
         Err(e) => leftovers.push(format!("{} left alone: {e}", state.display())),
     }
-    for dir in dirs {
-        if dir.exists()
-            && let Err(e) = std::fs::remove_dir_all(dir)
-        {
-            leftovers.push(format!("{}: {e}", dir.display()));
-        }
+    // The shared directory last: the bubbles' records in it said what to delete.
+    if let Err(e) = shared.remove() {
+        leftovers.push(e.to_string());
     }
     if !leftovers.is_empty() {
         return Err(Error::Failed {

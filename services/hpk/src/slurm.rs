@@ -274,9 +274,7 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     }
     done(&format!("{} node(s) ready to start ({:.1} s)", env.nodes, t0.elapsed().as_secs_f64()));
 
-    if shared.dir.exists() {
-        std::fs::remove_dir_all(&shared.dir).map_err(|e| Error::io("remove", shared.dir.display(), e))?;
-    }
+    shared.remove()?;
     image::create_private_dir(&shared.dir)?;
     step("starting one bubble per node");
     let mut bubbles = srun(&env, BUBBLES_STEP);
@@ -544,10 +542,8 @@ fn remove_files(shared: &Shared) {
             let _ = std::fs::remove_file(&link);
         }
     }
-    if let Err(e) = std::fs::remove_dir_all(&shared.dir)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        eprintln!("hpk: could not remove {}: {e}", shared.dir.display());
+    if let Err(e) = shared.remove() {
+        eprintln!("hpk: could not remove the cluster's files: {e}");
     }
 }
 

@@ -292,14 +292,21 @@ async fn a_leaked_node_token_mints_no_other_identity() {
     assert!(out.status.success(), "hpk up: {}", text(&out));
     let shared = env.home.path().join("leak");
 
-    // M4: the shared directory holds nothing secret but the user's own kubeconfig — no node
-    // token, no key.
+    // M4: the shared directory holds nothing secret — no node token, no key. The user's
+    // kubeconfig is a link there to a file beside it, which no bubble mounts.
     let token = std::fs::read_to_string(node_token(&env, "leak-2")).expect("the node's token");
     assert_eq!(token.len(), 64);
     let mut seen = Vec::new();
     for entry in walk(&shared) {
         let name = entry.strip_prefix(&shared).expect("inside").display().to_string();
-        if name != "kubeconfig" {
+        if std::fs::symlink_metadata(&entry).expect("stat").is_symlink() {
+            let target = std::fs::read_link(&entry).expect("readlink");
+            assert!(
+                name == "kubeconfig" && !target.starts_with(&shared) && target.is_absolute(),
+                "{name} links to {}",
+                target.display()
+            );
+        } else {
             let bytes = std::fs::read(&entry).unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             assert!(
@@ -310,6 +317,7 @@ async fn a_leaked_node_token_mints_no_other_identity() {
         seen.push(name);
     }
     assert!(seen.iter().any(|n| n == "ca.crt") && !seen.iter().any(|n| n.contains("token")), "{seen:?}");
+    assert!(seen.iter().any(|n| n == "kubeconfig"), "{seen:?}");
 
     // What the attacker took (a pod read it, or a backup did), in a directory of its own.
     let loot = tempfile::tempdir().expect("tempdir");
@@ -504,7 +512,8 @@ fn try_apply(env: &Env, name: &str, manifest: &str) -> std::process::Output {
 /// namespace that did not ask for more. In a namespace relaxed to `privileged`, the kubelet
 /// refuses a hostPath into HPK's directories. And a process with every capability of the
 /// bubble, in its mount namespace (a pod that broke out), finds the shared directory
-/// read-only and cannot remount it writable. The user's kubeconfig is unchanged and works.
+/// read-only and cannot remount it writable; nor can it read the user's kubeconfig (M4): the
+/// shared directory holds only a link to it. The user's kubeconfig is unchanged and works.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_cannot_plant_a_kubeconfig() {
     let Some(image) = prerequisites() else { return };
@@ -567,6 +576,8 @@ async fn a_pod_cannot_plant_a_kubeconfig() {
     let script = "\
         bb=/var/lib/hpk/busybox; \
         $bb test -s /hpk/shared/apiserver && echo ENTERED; \
+        $bb test -L /hpk/shared/kubeconfig && echo LINK; \
+        $bb cat /hpk/shared/kubeconfig 2>/dev/null | $bb grep -q client-key-data && echo READ || echo READ-REFUSED; \
         ($bb echo planted > /hpk/shared/kubeconfig) 2>/dev/null && echo WROTE || echo WRITE-REFUSED; \
         for target in /hpk/shared /var/lib/hpk/shared; do \
           for flags in rw rw,nosuid,nodev; do \
@@ -583,7 +594,15 @@ async fn a_pod_cannot_plant_a_kubeconfig() {
         .output()
         .expect("nsenter");
     let seen = text(&out);
-    assert!(seen.contains("ENTERED"), "did not reach the bubble's mount namespace:\n{seen}");
+    assert!(
+        seen.contains("ENTERED") && seen.contains("LINK"),
+        "did not reach the bubble's mount namespace:\n{seen}"
+    );
+    // M4: the user's credential is not in the bubble's view at all.
+    assert!(
+        seen.contains("READ-REFUSED") && !seen.lines().any(|l| l == "READ"),
+        "the bubble read the kubeconfig:\n{seen}"
+    );
     assert!(
         !seen.contains("WROTE") && !seen.contains("REMOUNTED"),
         "the bubble wrote the shared directory:\n{seen}"

@@ -102,9 +102,13 @@ pub fn try_publish(node_dir: &Path, target: &Target<'_>) -> Result<bool> {
             write_file(&shared.join("ca.crt"), &server_ca, 0o644)?;
             write_file(&shared.join("client-ca.crt"), &client_ca, 0o644)?;
             write_file(&shared.join("cert-signer"), format!("{signer}\n").as_bytes(), 0o644)?;
-            write_file(&shared.join("apiserver"), api.as_bytes(), 0o644)?;
+            // The user's credential beside the shared directory, where no bubble sees it; in
+            // the directory only a link to it (review M4).
             let admin = kubeconfig(&name, &api, &server_ca, "admin", &admin_cert, &admin_key);
-            write_file(&target.shared.kubeconfig(), admin.as_bytes(), 0o600)?;
+            write_file(&target.shared.kubeconfig_file(), admin.as_bytes(), 0o600)?;
+            crate::cluster::write_link(&target.shared.kubeconfig(), &target.shared.kubeconfig_file())?;
+            // Last: the other nodes start once it is there.
+            write_file(&shared.join("apiserver"), api.as_bytes(), 0o644)?;
         }
         Role::Runtime => {
             let ca = cert("runtime-ca.crt")?;

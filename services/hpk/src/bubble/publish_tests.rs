@@ -70,6 +70,20 @@ fn the_controller_publishes_kubeconfigs_it_writes_itself() {
     assert!(user.client_certificate_data.is_some() && user.client_key_data.is_some());
     let mode = std::fs::metadata(f.shared.kubeconfig()).expect("stat").permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
+    // In the shared directory (which every bubble sees) only a link; the credential lies
+    // beside it, where no bubble looks.
+    let link = std::fs::read_link(f.shared.kubeconfig()).expect("the kubeconfig is a link");
+    assert_eq!(link, f.shared.dir.with_file_name("shared.kubeconfig"));
+    assert!(!link.starts_with(&f.shared.dir));
+    for name in f.shared_files() {
+        let path = f.shared.dir.join(&name);
+        if !std::fs::symlink_metadata(&path).expect("stat").is_symlink() {
+            assert!(!std::fs::read_to_string(&path).expect("read").contains("PRIVATE KEY"), "{name}");
+        }
+    }
+    // Removing the cluster's files takes both.
+    f.shared.remove().expect("remove");
+    assert!(!f.shared.dir.exists() && !link.exists());
 }
 
 #[test]

@@ -25,8 +25,8 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let kubelet_port = args.port("kubelet")?;
     let tunnel_fd = super::inherited_fd("tunnel")?;
 
-    // The controller writes the kubeconfig last: once it is there, the rest is too.
-    let needed = ["kubeconfig", "apiserver", "cert-signer", "ca.crt", "client-ca.crt"];
+    // The controller's launcher writes `apiserver` last: once it is there, the rest is too.
+    let needed = ["apiserver", "cert-signer", "ca.crt", "client-ca.crt"];
     let deadline = tokio::time::Instant::now() + CONTROLLER_BOUND;
     loop {
         let missing: Vec<&str> = needed.iter().copied().filter(|f| !shared.join(f).is_file()).collect();

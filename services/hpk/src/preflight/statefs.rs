@@ -1,6 +1,7 @@
-//! The state directory (`HPK_STATE_DIR`, default `/tmp/hpk-<uid>`): node directories with CA
-//! keys and etcd, the image cache, every container's overlay. It must be this user's alone,
-//! on a node-local filesystem that allows exec and user extended attributes and has room.
+//! The state directory (`HPK_STATE_DIR`, else chosen by [`choose_base`]: the Slurm job's own
+//! `$TMPDIR`, `/tmp/hpk-<uid>`, or `$XDG_RUNTIME_DIR/hpk`): node directories with CA keys and
+//! etcd, the image cache, every container's overlay. It must be this user's alone, on a
+//! node-local filesystem that allows exec and user extended attributes and has room.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,71 @@ const FUSE_MAGIC: i64 = 0x6573_5546;
 /// /proc/self/mountinfo).
 const NETWORK_FUSE: &[&str] =
     &["sshfs", "ceph-fuse", "glusterfs", "s3fs", "rclone", "gcsfuse", "quobyte", "lustre"];
+
+/// Where the state directory may be, as the environment says: see [`choose_base`].
+#[derive(Debug, Clone, Default)]
+pub struct BaseCandidates {
+    /// The job's own temporary directory (`$TMPDIR` inside a Slurm job), made for the job by
+    /// the site and this user's by construction.
+    pub job_tmpdir: Option<PathBuf>,
+    /// `$XDG_RUNTIME_DIR` (`/run/user/<uid>`, made by the login manager, 0700, memory-backed).
+    pub runtime_dir: Option<PathBuf>,
+    /// `/tmp/hpk-<uid>`: shared with every user of the node, so checked.
+    pub tmp: PathBuf,
+}
+
+impl BaseCandidates {
+    /// The candidates of this process's environment, for host UID `uid`.
+    pub fn from_env(uid: u32) -> Self {
+        let abs = |name: &str| std::env::var_os(name).map(PathBuf::from).filter(|p| p.is_absolute());
+        let in_job = std::env::var_os("SLURM_JOB_ID").is_some_and(|id| !id.is_empty());
+        Self {
+            job_tmpdir: abs("TMPDIR").filter(|_| in_job),
+            runtime_dir: abs("XDG_RUNTIME_DIR"),
+            tmp: PathBuf::from(format!("/tmp/hpk-{uid}")),
+        }
+    }
+}
+
+/// The state directory when `HPK_STATE_DIR` does not name one (review C1):
+///
+/// 1. `<job tmpdir>/hpk`, where a Slurm job has a temporary directory of its own that is this
+///    user's alone (not a link, no one else may write it, parents safe) on a node-local
+///    filesystem: no other user can have made anything in it;
+/// 2. `/tmp/hpk-<uid>` if it does not exist yet, or is this user's alone ([`verify_private`]):
+///    on disk, so the image cache and the pods' layers do not take the node's memory;
+/// 3. `<XDG_RUNTIME_DIR>/hpk` when another user holds `/tmp/hpk-<uid>` (who would deny the
+///    node to this user, and whose directory is never used), if the runtime directory is this
+///    user's alone;
+/// 4. otherwise `/tmp/hpk-<uid>`, which the preflight then refuses, naming its owner and the
+///    fix.
+///
+/// A runtime directory that already holds this user's state wins over an absent `/tmp` one,
+/// so that `hpk down` finds what `hpk up` made there.
+pub fn choose_base(c: &BaseCandidates) -> PathBuf {
+    let ours_alone = |dir: &Path| verify_private(dir).is_ok();
+    if let Some(job) = &c.job_tmpdir
+        && job.parent().is_some()
+        && ours_alone(job)
+        && !is_network(job)
+        && !["/tmp", "/var/tmp", "/dev/shm"].iter().any(|shared| job == Path::new(shared))
+    {
+        return job.join("hpk");
+    }
+    let runtime = c.runtime_dir.as_ref().filter(|dir| ours_alone(dir)).map(|dir| dir.join("hpk"));
+    let exists = |dir: &Path| std::fs::symlink_metadata(dir).is_ok();
+    match runtime {
+        _ if exists(&c.tmp) && ours_alone(&c.tmp) => c.tmp.clone(),
+        Some(runtime) if exists(&runtime) && ours_alone(&runtime) => runtime,
+        _ if !exists(&c.tmp) => c.tmp.clone(),
+        Some(runtime) if !exists(&runtime) => runtime,
+        _ => c.tmp.clone(),
+    }
+}
+
+fn is_network(dir: &Path) -> bool {
+    check_local(dir).is_err()
+}
 
 /// Checks the state directory, creating it (mode 0700) if it does not exist.
 pub fn check(state: &Path) -> Result<()> {
@@ -328,6 +394,67 @@ mod tests {
             std::os::unix::fs::chown(&theirs, Some(61001), Some(61001)).expect("chown");
             let err = ensure_private(&theirs).expect_err("another user's").to_string();
             assert!(err.contains("belongs to UID 61001"), "{err}");
+        } else {
+            assert!(
+                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+                "other users' directories need root to make"
+            );
+            eprintln!("SKIPPED in part: other users' directories need root to make");
+        }
+    }
+
+    #[test]
+    fn the_state_directory_is_one_no_other_user_made() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = |name: &str, mode: u32| {
+            let path = base.path().join(name);
+            std::fs::create_dir(&path).expect("mkdir");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            path
+        };
+        let job = dir("job", 0o700);
+        let runtime = dir("run-user", 0o700);
+        let tmp = base.path().join("hpk-1000");
+        let c = |job: Option<&Path>, runtime: Option<&Path>| BaseCandidates {
+            job_tmpdir: job.map(Path::to_path_buf),
+            runtime_dir: runtime.map(Path::to_path_buf),
+            tmp: tmp.clone(),
+        };
+
+        // The job's own directory first; one another user could write is passed over.
+        assert_eq!(choose_base(&c(Some(&job), Some(&runtime))), job.join("hpk"));
+        let open_job = dir("open-job", 0o777);
+        assert_eq!(choose_base(&c(Some(&open_job), Some(&runtime))), tmp);
+        // Outside a job: /tmp/hpk-<uid> while no one else holds it (on disk, not in memory).
+        assert_eq!(choose_base(&c(None, Some(&runtime))), tmp);
+        assert_eq!(choose_base(&c(None, None)), tmp);
+        // Held by someone else (open to others here; another UID below): the runtime directory,
+        // which only the login manager and this user can have made.
+        std::fs::create_dir(&tmp).expect("mkdir");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(choose_base(&c(None, Some(&runtime))), runtime.join("hpk"));
+        // A runtime directory that is not this user's alone is no way out: the preflight then
+        // refuses /tmp/hpk-<uid>, naming its owner.
+        let open_runtime = dir("open-run", 0o777);
+        assert_eq!(choose_base(&c(None, Some(&open_runtime))), tmp);
+        assert_eq!(choose_base(&c(None, None)), tmp);
+        // State already in the runtime directory is found again (`hpk down` after `hpk up`),
+        // even once the other user's /tmp directory is gone.
+        std::fs::create_dir(runtime.join("hpk")).expect("mkdir");
+        std::fs::set_permissions(runtime.join("hpk"), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::fs::remove_dir(&tmp).expect("rmdir");
+        assert_eq!(choose_base(&c(None, Some(&runtime))), runtime.join("hpk"));
+        // This user's own /tmp directory wins over it.
+        std::fs::create_dir(&tmp).expect("mkdir");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(choose_base(&c(None, Some(&runtime))), tmp);
+
+        if nix::unistd::getuid().is_root() {
+            std::os::unix::fs::chown(&tmp, Some(61001), Some(61001)).expect("chown");
+            assert_eq!(choose_base(&c(None, Some(&runtime))), runtime.join("hpk"));
+            std::os::unix::fs::chown(&job, Some(61001), Some(61001)).expect("chown");
+            assert_eq!(choose_base(&c(Some(&job), Some(&runtime))), runtime.join("hpk"));
         } else {
             assert!(
                 std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),

@@ -332,6 +332,12 @@ impl Env {
                 left.push(format!("{} exists", path.display()));
             }
         }
+        // The admin kubeconfig beside the cluster's directory.
+        let mut kubeconfig = before.home.clone().into_os_string();
+        kubeconfig.push(".kubeconfig");
+        if Path::new(&kubeconfig).exists() {
+            left.push(format!("{} exists", Path::new(&kubeconfig).display()));
+        }
         left
     }
 }

@@ -304,7 +304,8 @@ impl SlurmEnv {
     pub fn leftover_files(&self, id: u32) -> Vec<String> {
         let mut left = Vec::new();
         let state = PathBuf::from(format!("/tmp/hpk-{}", self.uid()));
-        for path in [self.cluster_dir(id), state.join(id.to_string())] {
+        let kubeconfig = self.home().join(format!(".hpk/{id}.kubeconfig"));
+        for path in [self.cluster_dir(id), state.join(id.to_string()), kubeconfig] {
             if path.exists() {
                 left.push(format!("{} exists", path.display()));
             }
