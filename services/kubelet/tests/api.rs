@@ -1015,3 +1015,81 @@ async fn container_logs_are_rotated_and_followed_across_rotations() {
         last.strip_prefix("seq ").and_then(|r| r.split_whitespace().next()?.parse().ok()).expect("a line");
     assert!(n > *numbers.last().expect("lines"), "kubectl logs --tail=1 gave {last}");
 }
+
+/// Reads until the peer closes `conn` (end of stream or an error); how long after `started`,
+/// or `None` if it was still open `within` after the last byte.
+async fn closed_after<S: tokio::io::AsyncRead + Unpin>(
+    mut conn: S,
+    started: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(within, conn.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Review H2 for the kubelet API: 100 clients that connect and send nothing are closed once
+/// the TLS handshake times out (10 s), and 100 that complete it and stall in their request
+/// headers once the header timeout passes (30 s); the kubelet answers real requests while
+/// they hang on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_and_stalled_clients_are_cut_off_while_the_kubelet_api_serves() {
+    use tokio::io::AsyncWriteExt;
+    let Some(c) = Cluster::start().await else { return };
+    let addr = format!("{}:10250", c.node.host().ip);
+    let pki = c.cp.pki();
+    let read = |path: &std::path::Path| std::fs::read(path).expect("PEM");
+    let tls = hpk_rpc::mtls::client_config(
+        &read(&pki.kubelet_ca().cert),
+        &read(&pki.apiserver_kubelet_client.cert),
+        &read(&pki.apiserver_kubelet_client.key),
+        &[hpk_rpc::mtls::ALPN_HTTP1],
+    )
+    .expect("TLS client");
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let name = rustls_pki_types::ServerName::try_from(c.node.host().ip.to_string()).expect("name");
+
+    let started = Instant::now();
+    let (mut silent, mut stalled) = (Vec::new(), Vec::new());
+    for _ in 0..100 {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        silent.push(tokio::spawn(closed_after(tcp, started, Duration::from_secs(60))));
+        let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let mut tls = connector.connect(name.clone(), tcp).await.expect("TLS handshake");
+        // A request line and one header, and never the blank line that ends them.
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: kubelet\r\n").await.expect("write");
+        stalled.push(tokio::spawn(closed_after(tls, started, Duration::from_secs(60))));
+    }
+
+    // Meanwhile the kubelet serves.
+    let (cert, key) = (
+        pki.apiserver_kubelet_client.cert.display().to_string(),
+        pki.apiserver_kubelet_client.key.display().to_string(),
+    );
+    for _ in 0..3 {
+        let (code, body) = kubelet(&c, "/healthz", &["--cert", &cert, "--key", &key]).expect("healthz");
+        assert_eq!((code, body.as_str()), (200, "ok"));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    let closed = |tasks: Vec<tokio::task::JoinHandle<Option<Duration>>>| async move {
+        let mut times = Vec::new();
+        for task in tasks {
+            times.push(task.await.expect("task").expect("a connection was never closed"));
+        }
+        times.into_iter().max().expect("connections")
+    };
+    let silent = closed(silent).await;
+    let stalled = closed(stalled).await;
+    eprintln!("silent clients closed within {silent:?}, stalled ones within {stalled:?}");
+    assert!(silent >= Duration::from_secs(9) && silent < Duration::from_secs(20), "silent: {silent:?}");
+    assert!(stalled >= Duration::from_secs(29) && stalled < Duration::from_secs(45), "stalled: {stalled:?}");
+    let (code, _) = kubelet(&c, "/healthz", &["--cert", &cert, "--key", &key]).expect("healthz");
+    assert_eq!(code, 200);
+}
