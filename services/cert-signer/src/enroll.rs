@@ -47,6 +47,8 @@ impl Caller {
 /// The nodes enrolled so far, by profile.
 pub struct Enrolment {
     file: Option<PathBuf>,
+    /// The record, opened for appending at the first enrolment and kept open.
+    open: Mutex<Option<std::fs::File>>,
     seen: Mutex<BTreeSet<(Profile, String)>>,
 }
 
@@ -76,11 +78,13 @@ impl Enrolment {
                 Err(e) => return Err(Error::file("read", path, e)),
             }
         }
-        Ok(Self { file: file.map(Path::to_owned), seen: Mutex::new(seen) })
+        Ok(Self { file: file.map(Path::to_owned), open: Mutex::new(None), seen: Mutex::new(seen) })
     }
 
     /// Decides whether `caller` may have a `profile` certificate for `node`; `issue` makes it,
-    /// and the node counts as enrolled once it has.
+    /// and the node counts as enrolled once it has. The name is reserved before `issue` runs
+    /// (and freed again if it fails), so requests for other names sign at the same time while
+    /// two token requests for one name cannot both pass.
     pub fn admit<T>(
         &self,
         caller: &Caller,
@@ -88,35 +92,59 @@ impl Enrolment {
         node: &str,
         issue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let key = (profile, node.to_owned());
-        match caller {
-            Caller::Node(name) if name != node => {
-                return Err(Error::OtherNode { caller: name.clone(), node: node.to_owned() });
-            }
-            Caller::Node(_) => {}
-            Caller::Token => {
-                if let Some((had, _)) = seen.iter().find(|(_, n)| n == node) {
-                    return Err(Error::AlreadyEnrolled { node: node.to_owned(), profile: *had });
+        let new = {
+            let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match caller {
+                Caller::Node(name) if name != node => {
+                    return Err(Error::OtherNode { caller: name.clone(), node: node.to_owned() });
+                }
+                Caller::Node(_) => {}
+                Caller::Token => {
+                    for had in [Profile::Serving, Profile::Client] {
+                        if seen.contains(&(had, node.to_owned())) {
+                            return Err(Error::AlreadyEnrolled { node: node.to_owned(), profile: had });
+                        }
+                    }
                 }
             }
+            seen.insert(key.clone())
+        };
+        match issue() {
+            Ok(issued) => {
+                if new {
+                    // On failure the name stays taken: nothing was handed out, and a name
+                    // whose record could not be written must not be enrolled a second time
+                    // after a restart.
+                    self.record(profile, node)?;
+                }
+                Ok(issued)
+            }
+            Err(e) => {
+                if new {
+                    self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&key);
+                }
+                Err(e)
+            }
         }
-        let issued = issue()?;
-        if seen.insert(key) {
-            self.record(profile, node)?;
-        }
-        Ok(issued)
     }
 
+    /// Appends `PROFILE NODE` as one write to the record, kept open: no line is left
+    /// half-written by a crash between writes.
     fn record(&self, profile: Profile, node: &str) -> Result<()> {
         let Some(path) = &self.file else { return Ok(()) };
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| Error::file("open", path, e))?;
-        writeln!(file, "{profile} {node}").map_err(|e| Error::file("write", path, e))
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if open.is_none() {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| Error::file("open", path, e))?;
+            *open = Some(file);
+        }
+        let file = open.as_mut().ok_or_else(|| Error::Config(format!("{}: not open", path.display())))?;
+        file.write_all(format!("{profile} {node}\n").as_bytes()).map_err(|e| Error::file("write", path, e))
     }
 }
 
@@ -161,6 +189,72 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         std::fs::write(&file, "admin n1\n").expect("write");
         assert!(Enrolment::load(Some(&file)).is_err(), "a damaged record is refused");
+    }
+
+    /// Counts this thread in at `gate` and waits (at most 10 s, then fails) until `n` are in:
+    /// a barrier that cannot hang a test.
+    fn meet(gate: &std::sync::atomic::AtomicUsize, n: usize) {
+        use std::sync::atomic::Ordering;
+        gate.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gate.load(Ordering::SeqCst) < n {
+            assert!(std::time::Instant::now() < deadline, "only {} of {n} met", gate.load(Ordering::SeqCst));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn names_sign_at_once_but_one_name_is_enrolled_by_one_request_only() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("enrolled");
+        let enrolment = Enrolment::load(Some(&file)).expect("load");
+        // Eight requests for eight names are all inside `issue` at the same moment, so no
+        // lock is held while signing.
+        let all_in = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let (enrolment, all_in) = (&enrolment, &all_in);
+                s.spawn(move || {
+                    let name = format!("n{i}");
+                    enrolment
+                        .admit(&Caller::Token, Profile::Client, &name, || {
+                            meet(all_in, 8);
+                            Ok(())
+                        })
+                        .expect("enrolled");
+                });
+            }
+        });
+        // Seven more requests for one name while the first is still signing: all refused.
+        let (signing, answered) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            let (enrolment, signing, answered) = (&enrolment, &signing, &answered);
+            s.spawn(move || {
+                enrolment
+                    .admit(&Caller::Token, Profile::Serving, "same", || {
+                        meet(signing, 2);
+                        meet(answered, 2);
+                        Ok(())
+                    })
+                    .expect("the first");
+            });
+            meet(signing, 2);
+            for _ in 0..7 {
+                let refused = enrolment.admit(&Caller::Token, Profile::Serving, "same", issue);
+                assert!(matches!(refused, Err(Error::AlreadyEnrolled { .. })), "{refused:?}");
+            }
+            meet(answered, 2);
+        });
+        // Whole lines, one per enrolment.
+        let text = std::fs::read_to_string(&file).expect("record");
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        let mut want: Vec<String> = (0..8).map(|i| format!("client n{i}")).collect();
+        want.push("serving same".into());
+        want.sort();
+        assert_eq!(lines, want);
+        assert!(Enrolment::load(Some(&file)).is_ok());
     }
 
     #[test]
