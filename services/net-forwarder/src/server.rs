@@ -39,10 +39,13 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
         (None, None) => return Err(Error::Config("--pod-cidr or --kubeconfig is required".into())),
     };
     let ipam = Ipam::open(&args.state_dir, cidr)?;
+    // Every flag checked (the key read, the tunnel's socket claimed) before the network
+    // namespace is changed: a refused start leaves no address behind.
+    let socket = open_tunnel_socket(&args)?;
     enable_forwarding();
     crate::bubble::ensure_address(cidr.bubble_address()).await?;
     let mut context = Context::new(ipam, Netlink::new()?.with_attach_mode(args.attach_mode), args.mtu);
-    if let Some((tunnel, routes)) = start_tunnel(&args, cidr).await? {
+    if let Some((tunnel, routes)) = start_tunnel(&args, cidr, socket).await? {
         if let Some(nodes) = nodes {
             nodes.publish_tunnel(tunnel.endpoint(), &tunnel.public_key(), NODE_WAIT).await?;
             follow_nodes(nodes, tunnel.clone(), routes, args.peers.clone(), shutdown.clone());
@@ -74,7 +77,30 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
 const NODE_WAIT: Duration = Duration::from_secs(120);
 
 /// The tunnel, when a socket was handed over or asked for: the device, its routes, the peers.
-async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tunnel>, Routes)>> {
+async fn start_tunnel(
+    args: &ServeArgs,
+    cidr: PodCidr,
+    opened: Option<TunnelSocket>,
+) -> Result<Option<(Arc<Tunnel>, Routes)>> {
+    let Some(TunnelSocket { identity, socket, endpoint }) = opened else { return Ok(None) };
+    let tunnel = Arc::new(Tunnel::start(socket, endpoint, identity, cidr, args.tunnel_mtu)?);
+    let routes = Routes::open().await?;
+    routes.configure_device(args.mtu).await?;
+    let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
+    tunnel.refused_peers().fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
+    Ok(Some((tunnel, routes)))
+}
+
+/// The tunnel's key pair, its socket and the endpoint other nodes send to.
+struct TunnelSocket {
+    identity: Identity,
+    socket: std::net::UdpSocket,
+    endpoint: SocketAddrV4,
+}
+
+/// Reads the key and claims (or binds) the tunnel's socket, when a tunnel is asked for; changes
+/// nothing in the network namespace.
+fn open_tunnel_socket(args: &ServeArgs) -> Result<Option<TunnelSocket>> {
     if args.tunnel_fd.is_none() && args.tunnel_listen.is_none() {
         if !args.peers.is_empty() {
             return Err(Error::Config("--peer needs a tunnel (--tunnel-fd or --tunnel-listen)".into()));
@@ -101,12 +127,7 @@ async fn start_tunnel(args: &ServeArgs, cidr: PodCidr) -> Result<Option<(Arc<Tun
             )));
         }
     };
-    let tunnel = Arc::new(Tunnel::start(socket, endpoint, identity, cidr, args.tunnel_mtu)?);
-    let routes = Routes::open().await?;
-    routes.configure_device(args.mtu).await?;
-    let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
-    tunnel.refused_peers().fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
-    Ok(Some((tunnel, routes)))
+    Ok(Some(TunnelSocket { identity, socket, endpoint }))
 }
 
 /// Routes the other nodes as the Kubernetes API shows them (plus the static `--peer`s), for as

@@ -371,7 +371,20 @@ fn bad_tunnel_set_ups_fail_clearly() {
     let (code, err) = serve_fails(&["--tunnel-private-key-file", key, "--tunnel-fd", "0"]);
     assert!(code != 0 && err.contains("cannot be used with"), "{code}: {err}");
 
+    // Run in this (the host's) network namespace: a refused start changes nothing there
+    // (it once left the pod CIDR's first address on the host's lo).
+    let lo = || {
+        let out =
+            Command::new("ip").args(["-4", "-o", "addr", "show", "dev", "lo"]).output().expect("ip addr");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = lo();
     let (code, err) = serve_exits(false, &["--tunnel-fd", "1000"]);
+    let after = lo();
+    if after != before {
+        let _ = Command::new("ip").args(["addr", "del", "10.244.1.1/32", "dev", "lo"]).status();
+    }
+    assert_eq!(after, before, "a refused start changed the host's lo");
     assert!(code != 0 && err.contains("no such open descriptor"), "{code}: {err}");
 
     let again = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
