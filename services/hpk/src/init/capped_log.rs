@@ -54,7 +54,10 @@ impl CappedLog {
         let file = std::fs::metadata(&path).ok()?;
         #[allow(clippy::unnecessary_cast)] // the fields' types differ between C libraries
         let same = stderr.st_dev as u64 == file.dev() && stderr.st_ino as u64 == file.ino();
-        same.then(|| Self::open(&path, MAX_LOG_BYTES).ok().map(std::sync::Mutex::new)).flatten()
+        if !same {
+            return None;
+        }
+        Self::open(&path, MAX_LOG_BYTES).ok().map(std::sync::Mutex::new)
     }
 
     fn rotate(&mut self) -> io::Result<()> {

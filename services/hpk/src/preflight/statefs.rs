@@ -81,10 +81,9 @@ impl BaseCandidates {
 pub fn choose_base(c: &BaseCandidates) -> PathBuf {
     let ours_alone = |dir: &Path| verify_private(dir).is_ok();
     if let Some(job) = &c.job_tmpdir
-        && job.parent().is_some()
+        && !["/", "/tmp", "/var/tmp", "/dev/shm"].iter().any(|shared| job == Path::new(shared))
         && ours_alone(job)
         && !is_network(job)
-        && !["/tmp", "/var/tmp", "/dev/shm"].iter().any(|shared| job == Path::new(shared))
     {
         return job.join("hpk");
     }
