@@ -187,7 +187,7 @@ pub fn issue(
         .arg("--ca-cert")
         .arg(&signer.ca)
         .arg("--token-file")
-        .arg(&signer.token_file)
+        .arg(signer.token_file(node)?)
         .args(["--node-name", node, "--profile", profile])
         .arg("--cert-out")
         .arg(&cert)

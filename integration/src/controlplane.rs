@@ -65,8 +65,25 @@ pub struct CertSigner {
     pub address_file: PathBuf,
     /// The CA to pin for its TLS (the server CA).
     pub ca: PathBuf,
-    /// The node token (0600).
-    pub token_file: PathBuf,
+    /// Where node tokens are written ([`CertSigner::token_file`]).
+    pub dir: PathBuf,
+    /// The cluster's node-token key, each node's token is made from.
+    pub token_key: String,
+}
+
+impl CertSigner {
+    /// A file (0600) holding node `node`'s token, as its launcher leaves it: good for that
+    /// node's certificates only.
+    pub fn token_file(&self, node: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{node}.token"));
+        crate::pki::write_secret(&path, &hpk_rpc::node_token::derive(self.token_key.as_bytes(), node))?;
+        Ok(path)
+    }
+
+    /// Node `node`'s token.
+    pub fn token(&self, node: &str) -> String {
+        hpk_rpc::node_token::derive(self.token_key.as_bytes(), node)
+    }
 }
 
 impl ControlPlane {
@@ -383,11 +400,12 @@ impl ControlPlane {
         }
         let d = self.dir.path().join("cert-signer");
         std::fs::create_dir_all(&d).map_err(|e| Error::io("create", d.display(), e))?;
-        let token_file = d.join("node-token");
-        let mut token = [0u8; 32];
-        getrandom::fill(&mut token)
-            .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
-        crate::pki::write_secret(&token_file, &hex::encode(token))?;
+        let token_key_file = d.join("node-token-key");
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key)
+            .map_err(|e| Error::io("generate", "the node-token key", std::io::Error::other(e.to_string())))?;
+        let token_key = hex::encode(key);
+        crate::pki::write_secret(&token_key_file, &token_key)?;
         let address_file = d.join("address");
         let (kubelet_ca, client_ca) = (self.pki.kubelet_ca(), self.pki.client_ca());
         let p = |path: &Path| path.display().to_string();
@@ -401,7 +419,7 @@ impl ControlPlane {
             .arg(format!("--serving-ca-key={}", p(&kubelet_ca.key)))
             .arg(format!("--client-ca-cert={}", p(&client_ca.cert)))
             .arg(format!("--client-ca-key={}", p(&client_ca.key)))
-            .arg(format!("--token-file={}", p(&token_file)))
+            .arg(format!("--token-key-file={}", p(&token_key_file)))
             .arg(format!("--shared-dir={}", p(&d.join("shared"))))
             .arg(format!("--apiserver-san={}", self.host.ip));
         if let Some(validity) = max_validity {
@@ -420,7 +438,7 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let signer = CertSigner { address_file, ca: self.pki.server_ca().cert.clone(), token_file };
+        let signer = CertSigner { address_file, ca: self.pki.server_ca().cert.clone(), dir: d, token_key };
         *slot = Some((process, signer.clone()));
         Ok(signer)
     }

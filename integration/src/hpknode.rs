@@ -131,7 +131,7 @@ impl HpkNode {
         let mut kubelet_args = vec![
             format!("--cert-signer-address-file={}", signer.address_file.display()),
             format!("--cert-signer-ca={}", signer.ca.display()),
-            format!("--node-token-file={}", signer.token_file.display()),
+            format!("--node-token-file={}", signer.token_file(name)?.display()),
             format!("--cert-signer-client-cert={}", node_client.cert.display()),
             format!("--cert-signer-client-key={}", node_client.key.display()),
             format!("--client-ca-file={}", cp.pki().client_ca().cert.display()),

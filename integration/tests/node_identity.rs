@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
-const TOKEN: &str = "node-token-for-the-identity-test";
+const TOKEN_KEY: &str = "node-token-key-for-the-identity-test";
 
 fn node(name: &str) -> Node {
     serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("node")
@@ -25,9 +25,9 @@ async fn a_signed_client_certificate_acts_as_its_node_and_only_that_node() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("node-token");
-    std::fs::write(&token_file, TOKEN).expect("token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let token_key_file = dir.path().join("node-token-key");
+    std::fs::write(&token_key_file, TOKEN_KEY).expect("key");
+    std::fs::set_permissions(&token_key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let address_file = dir.path().join("signer.url");
 
     // The signer holds the cluster's own CAs, as it would on the controller.
@@ -42,7 +42,7 @@ async fn a_signed_client_certificate_acts_as_its_node_and_only_that_node() {
         serving_ca_key: pki.server_ca().key.clone(),
         client_ca_cert: pki.client_ca().cert.clone(),
         client_ca_key: pki.client_ca().key.clone(),
-        token_file,
+        token_key_file,
         shared_dir: Some(dir.path().join("shared")),
         max_validity: Duration::from_secs(3600),
         enrolled_file: None,
@@ -62,7 +62,8 @@ async fn a_signed_client_certificate_acts_as_its_node_and_only_that_node() {
     };
 
     let ca_pem = std::fs::read(&pki.server_ca().cert).expect("server CA");
-    let mut client = SignerClient::connect(&url, &ca_pem, TOKEN, None).await.expect("connect");
+    let token = hpk_rpc::node_token::derive(TOKEN_KEY.as_bytes(), "node1");
+    let mut client = SignerClient::connect(&url, &ca_pem, &token, None).await.expect("connect");
     let request = CertRequest { node_name: "node1".into(), profile: Profile::Client, sans: vec![] };
     let creds = client.request(&request).await.expect("client certificate");
     let files = CertFiles { cert: dir.path().join("node1.crt"), key: dir.path().join("node1.key") };

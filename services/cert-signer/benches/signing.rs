@@ -20,7 +20,7 @@ use hpk_cert_signer::Profile;
 use hpk_cert_signer::client::{CertRequest, build_csr};
 use hpk_proto::certsigner::v1::SignRequest;
 use hpk_proto::certsigner::v1::cert_signer_client::CertSignerClient;
-use support::{Pki, Signer, TOKEN};
+use support::{Pki, Signer};
 use tonic::transport::Channel;
 
 const SEQUENTIAL: usize = 1000;
@@ -69,10 +69,12 @@ async fn run() {
 
     let requests = serving_requests(1 + SEQUENTIAL + CONCURRENT);
     let Load { mut sequential, mut concurrent, concurrent_wall, .. } =
-        load(&signer.url, &signer.ca_pem, &requests, 1, None).await.expect("the signer's load");
+        load(&signer.url, &signer.ca_pem, &requests, Auth::PerNode, 1, None)
+            .await
+            .expect("the signer's load");
 
     // A node's renewals: over mutual TLS, presenting its client certificate (review H3).
-    let mut client = signer.client().await;
+    let mut client = signer.client("renewing").await;
     let node_creds = client
         .request(&CertRequest { node_name: "renewing".into(), profile: Profile::Client, sans: vec![] })
         .await
@@ -95,7 +97,14 @@ async fn run() {
         &rcgen::KeyPair::generate().expect("key"),
     )
     .expect("CSR");
-    let renew = || sign_on(renewal_channel.clone(), "renewing".into(), renewal_csr.clone());
+    let renew = || {
+        sign_on(
+            renewal_channel.clone(),
+            "renewing".into(),
+            renewal_csr.clone(),
+            support::token_for("renewing"),
+        )
+    };
     renew().await.expect("renewal");
     let mut renewals = Vec::with_capacity(SEQUENTIAL);
     for _ in 0..SEQUENTIAL {
@@ -120,6 +129,42 @@ async fn run() {
     }
     println!();
     println!("idle RSS after start-up: {:.1} MiB; after the load: {:.1} MiB", mib(idle_rss), mib(loaded_rss));
+}
+
+/// How a signer authenticates nodes: the signer at fcde574 takes one token for every node
+/// (`--token-file`); later ones a key from which each node's token is made (`--token-key-file`,
+/// review H3).
+#[derive(Clone, Copy)]
+enum Auth {
+    Shared,
+    PerNode,
+}
+
+/// The one token of [`Auth::Shared`].
+const SHARED_TOKEN: &str = "bench-node-token-0123456789abcdef";
+
+impl Auth {
+    fn token(self, node: &str) -> String {
+        match self {
+            Self::Shared => SHARED_TOKEN.into(),
+            Self::PerNode => support::token_for(node),
+        }
+    }
+
+    /// `serve` arguments for this PKI, with the token flag this kind of signer takes.
+    fn serve_args(self, pki: &Pki) -> Vec<String> {
+        let mut args = pki.serve_args();
+        if let Self::Shared = self {
+            let file = pki.dir.path().join("local/shared-token");
+            support::write_mode(&file, format!("{SHARED_TOKEN}\n").as_bytes(), 0o600);
+            for arg in &mut args {
+                if arg.starts_with("--token-key-file=") {
+                    *arg = format!("--token-file={}", file.display());
+                }
+            }
+        }
+        args
+    }
 }
 
 /// `(node name, CSR)` pairs for serving certificates. The token enrols each node name once:
@@ -163,6 +208,7 @@ async fn load(
     url: &str,
     ca_pem: &[u8],
     requests: &[(String, String)],
+    auth: Auth,
     batches: usize,
     pid: Option<u32>,
 ) -> Result<Load, String> {
@@ -171,7 +217,8 @@ async fn load(
         hpk_rpc::connect::tls(url, ca_pem, None).await.map_err(|e| format!("connect to {url}: {e}"))?;
     let sign = |i: usize| {
         let (node, csr) = requests[i].clone();
-        sign_on(channel.clone(), node, csr)
+        let token = auth.token(&node);
+        sign_on(channel.clone(), node, csr, token)
     };
     // Warm the connection (TLS handshake, HTTP/2 settings) outside the measurement.
     sign(0).await?;
@@ -201,10 +248,10 @@ async fn load(
     Ok(Load { sequential, concurrent, concurrent_wall, cpu })
 }
 
-/// Times one `SignKubeletServingCertificate` RPC with the node token, from the client's side.
-async fn sign_on(channel: Channel, node: String, csr: String) -> Result<Duration, String> {
+/// Times one `SignKubeletServingCertificate` RPC with `token`, from the client's side.
+async fn sign_on(channel: Channel, node: String, csr: String, token: String) -> Result<Duration, String> {
     let mut client = CertSignerClient::new(channel);
-    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {TOKEN}").parse().expect("header");
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().expect("header");
     let mut request = tonic::Request::new(SignRequest { node_name: node.clone(), csr_pem: csr });
     request.metadata_mut().insert("authorization", auth);
     let start = Instant::now();
@@ -251,17 +298,19 @@ struct Contender {
     /// Keep the enrolment record in a node-local file (`--enrolled-file`, as `hpk up` runs the
     /// signer); the signer at fcde574 has no such flag.
     enrolled_file: bool,
+    auth: Auth,
     rounds: Vec<Load>,
     idle_rss_kib: Vec<u64>,
 }
 
 impl Contender {
-    fn new(label: String, bin: &Path, enrolled_file: bool) -> Self {
+    fn new(label: String, bin: &Path, enrolled_file: bool, auth: Auth) -> Self {
         Self {
             label,
             bin: bin.to_owned(),
             pki: Pki::new(),
             enrolled_file,
+            auth,
             rounds: vec![],
             idle_rss_kib: vec![],
         }
@@ -270,8 +319,9 @@ impl Contender {
     /// Starts a fresh signer process, measures its idle RSS and one [`Load`], and stops it.
     async fn round(&mut self, round: usize, requests: &[(String, String)]) -> Result<(), String> {
         // Flags both this signer and the one at fcde574 take (one serving CA that also signs the
-        // signer's own certificate, one client CA, the token); the newer ones only if asked.
-        let mut args = self.pki.serve_args();
+        // signer's own certificate, one client CA, the token or its key); the newer ones only
+        // if asked.
+        let mut args = self.auth.serve_args(&self.pki);
         if self.enrolled_file {
             let file = self.pki.dir.path().join("local").join(format!("enrolled-{round}"));
             args.push(format!("--enrolled-file={}", file.display()));
@@ -280,7 +330,9 @@ impl Contender {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let pid = server.child.id();
         self.idle_rss_kib.push(support::rss_kib(pid));
-        self.rounds.push(load(&server.url, &self.pki.serving_ca_pem(), requests, BATCHES, Some(pid)).await?);
+        self.rounds.push(
+            load(&server.url, &self.pki.serving_ca_pem(), requests, self.auth, BATCHES, Some(pid)).await?,
+        );
         let status = support::terminate(&mut server.child);
         if !status.success() {
             return Err(format!("{} exited with {status} on SIGTERM", self.bin.display()));
@@ -325,9 +377,14 @@ async fn compare(baseline: &Path) -> Result<(), String> {
     let name =
         baseline.file_name().map_or_else(|| baseline.display().to_string(), |n| n.to_string_lossy().into());
     let mut contenders = [
-        Contender::new("HEAD, `--enrolled-file` (as `hpk up` runs it)".into(), current, true),
-        Contender::new("HEAD, enrolment in memory (as in the table above)".into(), current, false),
-        Contender::new(format!("baseline `{name}`"), baseline, false),
+        Contender::new("HEAD, `--enrolled-file` (as `hpk up` runs it)".into(), current, true, Auth::PerNode),
+        Contender::new(
+            "HEAD, enrolment in memory (as in the table above)".into(),
+            current,
+            false,
+            Auth::PerNode,
+        ),
+        Contender::new(format!("baseline `{name}`"), baseline, false, Auth::Shared),
     ];
     let requests = serving_requests(1 + SEQUENTIAL + BATCHES * CONCURRENT);
     for round in 0..ROUNDS {

@@ -40,9 +40,11 @@ pub struct ServeArgs {
     /// Private key of the client CA; must be 0600 and off the shared filesystem.
     #[arg(long, env = "HPK_CLIENT_CA_KEY")]
     pub client_ca_key: PathBuf,
-    /// File holding the cluster's node token (0600).
-    #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
-    pub token_file: PathBuf,
+    /// File holding the cluster's node-token key (0600, node-local). A node's token is the
+    /// HMAC-SHA256 of its name under this key (`hpk-cert-signer node-token` makes one), so a
+    /// token obtains certificates for its own node only.
+    #[arg(long, env = "HPK_NODE_TOKEN_KEY_FILE")]
+    pub token_key_file: PathBuf,
     /// The shared directory (NFS home) CA keys must never lie under [default: $HOME/.hpk].
     #[arg(long, env = "HPK_SHARED_DIR")]
     pub shared_dir: Option<PathBuf>,
@@ -77,7 +79,7 @@ pub struct RequestArgs {
     /// Name to check in the signer's certificate, if not the host of the URL.
     #[arg(long, env = "HPK_CERT_SIGNER_SERVER_NAME")]
     pub server_name: Option<String>,
-    /// File holding the cluster's node token (0600).
+    /// File holding this node's token (0600): good for --node-name only.
     #[arg(long, env = "HPK_NODE_TOKEN_FILE")]
     pub token_file: PathBuf,
     /// The node the certificate is for.
@@ -108,6 +110,24 @@ pub struct RequestArgs {
     /// Keep running and renew the certificate at two thirds of its lifetime.
     #[arg(long)]
     pub renew: bool,
+}
+
+/// `hpk-cert-signer node-token`: make a node's token from the cluster's key.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeTokenArgs {
+    /// File holding the cluster's node-token key (0600), as given to `serve --token-key-file`.
+    #[arg(long, env = "HPK_NODE_TOKEN_KEY_FILE")]
+    pub key_file: PathBuf,
+    /// The node the token is for.
+    #[arg(long, env = "HPK_NODE_NAME")]
+    pub node_name: String,
+    /// Where to write the token (created 0600; never under the shared directory) [default:
+    /// standard output].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The shared directory the token must not be written under [default: $HOME/.hpk].
+    #[arg(long, env = "HPK_SHARED_DIR")]
+    pub shared_dir: Option<PathBuf>,
 }
 
 /// Parses `<number><unit>` with unit s, m, h or d.

@@ -27,9 +27,9 @@ pub enum Error {
         /// Its permission bits.
         mode: u32,
     },
-    /// A CA key lies under the shared directory, where every node (and backup) can see it.
+    /// A key or token lies under the shared directory, where every node (and backup) can see it.
     #[error(
-        "CA key {path} lies under the shared directory {shared}; keep CA keys on the controller's local storage (for example $TMPDIR or the job's local scratch), never on the shared filesystem"
+        "{path} is a secret (a key or a token) and lies under the shared directory {shared}; keep secrets on node-local storage (for example $TMPDIR or the job's local scratch), never on the shared filesystem"
     )]
     KeyOnSharedFilesystem {
         /// The key file.
@@ -64,8 +64,8 @@ pub enum Error {
     /// The request had no usable bearer token.
     #[error("missing node token: send `authorization: Bearer <token>`")]
     MissingToken,
-    /// The bearer token did not match.
-    #[error("node token rejected")]
+    /// The bearer token is not the token of the node the request names.
+    #[error("node token rejected: it is not the token of the node the request names")]
     WrongToken,
 
     // ---- malformed requests (InvalidArgument) ----

@@ -3,7 +3,8 @@
 //! The signer holds the cluster's serving CA and client CA keys on the controller and signs, over
 //! TLS, certificates for keys generated on each node, after checking a node token and a fixed
 //! policy ([`policy`]). The client ([`client`]) generates the key locally, requests, writes, and
-//! renews at two thirds of the lifetime.
+//! renews at two thirds of the lifetime. [`node_token`] makes a node's token from the cluster's
+//! key.
 
 pub mod ca;
 pub mod client;
@@ -35,6 +36,25 @@ impl std::fmt::Display for Profile {
             Self::Serving => "serving",
             Self::Client => "client",
         })
+    }
+}
+
+/// `hpk-cert-signer node-token`: write node `--node-name`'s token, made from the cluster's key,
+/// to `--out` (created 0600, off the shared directory) or to standard output.
+pub fn node_token(args: &config::NodeTokenArgs) -> Result<()> {
+    policy::check_node_name(&args.node_name)?;
+    let key = token::load(&args.key_file)?;
+    let token = hpk_rpc::node_token::derive(key.as_bytes(), &args.node_name);
+    match &args.out {
+        Some(out) => {
+            let shared = args.shared_dir.clone().unwrap_or_else(secrets::default_shared_dir);
+            secrets::ensure_not_shared(out, &shared)?;
+            files::write_atomic(out, format!("{token}\n").as_bytes(), 0o600)
+        }
+        None => {
+            println!("{token}");
+            Ok(())
+        }
     }
 }
 

@@ -3,13 +3,14 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hpk_cert_signer::config::{RequestArgs, ServeArgs};
+use hpk_cert_signer::config::{NodeTokenArgs, RequestArgs, ServeArgs};
 use hpk_rpc::telemetry::LogFormat;
 
 /// The HPK controller's kubelet certificate signer.
 ///
 /// `serve` runs on the controller with the cluster CAs; `request` is what each node (and an
-/// operator) runs to get a certificate for a key generated locally.
+/// operator) runs to get a certificate for a key generated locally, with the node's token that
+/// `node-token` makes from the cluster's key.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -26,6 +27,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Request a kubelet certificate; with --renew, keep it renewed.
     Request(Box<RequestArgs>),
+    /// Print or write a node's token, made from the cluster's node-token key.
+    NodeToken(NodeTokenArgs),
 }
 
 #[tokio::main]
@@ -46,6 +49,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => hpk_cert_signer::run(*args, shutdown).await,
         Command::Request(args) => hpk_cert_signer::request(*args, shutdown).await,
+        Command::NodeToken(args) => hpk_cert_signer::node_token(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -26,7 +26,8 @@ const OWN_CERT_VALIDITY: Duration = Duration::from_secs(365 * 86_400);
 /// bound, so a misconfigured signer never listens.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
     let shared = args.shared_dir.clone().unwrap_or_else(crate::secrets::default_shared_dir);
-    let token = crate::token::load(&args.token_file)?;
+    let token_key = crate::token::load(&args.token_key_file)?;
+    crate::secrets::ensure_not_shared(&args.token_key_file, &shared)?;
     let serving = Authority::load(Profile::Serving, &args.serving_ca_cert, &args.serving_ca_key, &shared)?;
     let client = Authority::load(Profile::Client, &args.client_ca_cert, &args.client_ca_key, &shared)?;
     let policy = Policy::new(&args.cluster_domain, &args.apiserver_sans);
@@ -68,12 +69,13 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<()> {
         serving,
         client,
         max_validity: args.max_validity,
+        token_key: token_key.into_bytes(),
         enrolment,
         refusals: LogLimit::default(),
     }));
     let grpc = CertSignerServer::new(signer).max_decoding_message_size(MAX_REQUEST_BYTES);
     let services = Services::new()
-        .with(InterceptedService::new(grpc, RequireToken::new(&token)))
+        .with(InterceptedService::new(grpc, RequireToken::default()))
         .describe(hpk_proto::FILE_DESCRIPTOR_SET);
     hpk_rpc::serve(listener, services, shutdown).await?;
     if let Some(path) = &args.address_file {

@@ -27,6 +27,8 @@ pub struct Signer {
     pub client: Authority,
     /// Longest validity of an issued certificate.
     pub max_validity: Duration,
+    /// The cluster's node-token key: a request's token must be its node's under this key.
+    pub token_key: Vec<u8>,
     /// Which nodes have certificates; who may ask for more.
     pub enrolment: Enrolment,
     /// Refusals logged at most a few every 10 s: any peer can cause them.
@@ -34,9 +36,11 @@ pub struct Signer {
 }
 
 impl Signer {
-    /// Checks and signs one request, logging the decision.
+    /// Checks and signs one request, logging the decision. `token` is the bearer token the
+    /// request carried; it must be `node`'s (review H3).
     pub fn sign(
         &self,
+        token: &[u8],
         caller: &Caller,
         profile: Profile,
         node: &str,
@@ -47,7 +51,8 @@ impl Signer {
             Profile::Serving => &self.serving,
             Profile::Client => &self.client,
         };
-        let result = self.policy.check(profile, node, csr_pem).and_then(|approved| {
+        let result = self.authenticate(token, node).and_then(|()| self.policy.check(profile, node, csr_pem));
+        let result = result.and_then(|approved| {
             let issued = self
                 .enrolment
                 .admit(caller, profile, node, || authority.issue(&approved, self.max_validity))?;
@@ -64,9 +69,24 @@ impl Signer {
             if let Some(summary) = self.refusals.summary(dropped) {
                 warn!(dropped, verdict = "denied", "{summary}");
             }
-            warn!(node, %profile, peer, verdict = "denied", reason = %err, "request refused");
+            let verdict = match err {
+                crate::Error::WrongToken | crate::Error::MissingToken => "unauthenticated",
+                _ => "denied",
+            };
+            warn!(node, %profile, peer, verdict, reason = %err, "request refused");
         }
         result
+    }
+}
+
+impl Signer {
+    /// Whether `token` is `node`'s token: a leaked token is good for its own node only.
+    fn authenticate(&self, token: &[u8], node: &str) -> Result<()> {
+        if hpk_rpc::node_token::matches(&self.token_key, node, token) {
+            Ok(())
+        } else {
+            Err(crate::Error::WrongToken)
+        }
     }
 }
 
@@ -86,8 +106,9 @@ impl Service {
             .peer_certs()
             .and_then(|certs| certs.first().map(|der| Caller::from_certificate(der)))
             .unwrap_or(Caller::Token);
+        let token = crate::token::presented(request.metadata())?.to_vec();
         let SignRequest { node_name, csr_pem } = request.into_inner();
-        let issued = self.0.sign(&caller, profile, &node_name, &csr_pem, &peer)?;
+        let issued = self.0.sign(&token, &caller, profile, &node_name, &csr_pem, &peer)?;
         Ok(Response::new(SignResponse {
             certificate_chain_pem: issued.chain_pem,
             ca_pem: issued.ca_pem,

@@ -1,11 +1,14 @@
-//! The node token: loaded from a private file, sent as `authorization: Bearer …`, compared in
-//! constant time.
+//! Node tokens (review H3): loaded from private files, sent as `authorization: Bearer …`.
+//!
+//! A node's token is the HMAC-SHA256 of its name under the cluster's key
+//! ([`hpk_rpc::node_token`]). The interceptor here refuses requests without a token of that
+//! form; the service checks the token against the node the request names
+//! ([`crate::service::Signer::sign`]), in constant time.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use hpk_rpc::log_limit::LogLimit;
-use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
@@ -16,7 +19,7 @@ use crate::{Error, Result};
 /// Shortest token accepted, so a placeholder cannot be mistaken for a secret.
 const MIN_TOKEN_LEN: usize = 16;
 
-/// Loads the token from a 0600 file (surrounding whitespace ignored).
+/// Loads a token or the cluster's key from a 0600 file (surrounding whitespace ignored).
 pub fn load(path: &Path) -> Result<String> {
     let raw = crate::secrets::read_private(path)?;
     let bad = |reason: &str| Error::BadToken { path: path.to_owned(), reason: reason.to_owned() };
@@ -31,25 +34,25 @@ pub fn load(path: &Path) -> Result<String> {
     Ok(token.to_owned())
 }
 
-/// Server side: rejects requests whose bearer token differs from the cluster's.
-#[derive(Clone)]
+/// Server side: rejects requests without a bearer token of a node token's form, before their
+/// body is read. Which node the token is good for is the service's check.
+#[derive(Clone, Default)]
 pub struct RequireToken {
-    expected: Arc<[u8]>,
     /// Refusals logged at most a few every 10 s: any peer can cause them.
     refusals: Arc<LogLimit>,
 }
 
 impl RequireToken {
-    /// Accepts requests carrying `token`.
-    pub fn new(token: &str) -> Self {
-        Self { expected: token.as_bytes().into(), refusals: Arc::default() }
-    }
-
     fn check(&self, request: &Request<()>) -> Result<()> {
-        let header = request.metadata().get("authorization").ok_or(Error::MissingToken)?;
-        let presented = header.as_bytes().strip_prefix(b"Bearer ").ok_or(Error::MissingToken)?;
-        if bool::from(presented.ct_eq(&self.expected)) { Ok(()) } else { Err(Error::WrongToken) }
+        presented(request.metadata()).map(|_| ())
     }
+}
+
+/// The bearer token of a request, if it has a node token's form.
+pub fn presented(metadata: &tonic::metadata::MetadataMap) -> Result<&[u8]> {
+    let header = metadata.get("authorization").ok_or(Error::MissingToken)?;
+    let token = header.as_bytes().strip_prefix(b"Bearer ").ok_or(Error::MissingToken)?;
+    if hpk_rpc::node_token::well_formed(token) { Ok(token) } else { Err(Error::WrongToken) }
 }
 
 impl Interceptor for RequireToken {
@@ -107,16 +110,19 @@ mod tests {
     }
 
     #[test]
-    fn only_the_exact_bearer_token_passes() {
-        let mut check = RequireToken::new("0123456789abcdef");
-        assert!(check.call(request_with(Some("Bearer 0123456789abcdef"))).is_ok());
+    fn only_a_bearer_token_of_the_right_form_passes_the_interceptor() {
+        let mut check = RequireToken::default();
+        let token = hpk_rpc::node_token::derive(b"key", "n1");
+        assert!(check.call(request_with(Some(&format!("Bearer {token}")))).is_ok());
         for bad in [
             None,
-            Some("0123456789abcdef"),
-            Some("Bearer 0123456789abcdeF"),
-            Some("Bearer 0123456789abcdef0"),
+            Some(token.clone()),
+            Some(format!("Bearer {}", &token[1..])),
+            Some(format!("Bearer {token}0")),
+            Some(format!("Bearer {}", "g".repeat(64))),
+            Some("Bearer 0123456789abcdef".into()),
         ] {
-            let status = check.call(request_with(bad)).expect_err("must be refused");
+            let status = check.call(request_with(bad.as_deref())).expect_err("must be refused");
             assert_eq!(status.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }
     }
@@ -139,7 +145,7 @@ mod tests {
         let subscriber =
             tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
         tracing::subscriber::with_default(subscriber, || {
-            let mut check = RequireToken::new("0123456789abcdef");
+            let mut check = RequireToken::default();
             for _ in 0..1000 {
                 assert!(check.call(request_with(Some("Bearer wrong"))).is_err(), "every one is refused");
             }

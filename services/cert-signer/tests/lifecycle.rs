@@ -67,7 +67,7 @@ fn request_refuses_to_write_the_key_to_the_shared_directory() {
         .args(["request", "--node-name=n1", "--san=n1"])
         .arg(format!("--server={}", signer.url))
         .arg(format!("--ca-cert={}", pki.serving_ca_cert.display()))
-        .arg(format!("--token-file={}", pki.token_file.display()))
+        .arg(format!("--token-file={}", pki.token_file_for("n1").display()))
         .arg(format!("--shared-dir={}", pki.shared_dir.display()))
         .arg(format!("--cert-out={}", pki.shared_dir.join("n1.crt").display()))
         .arg(format!("--key-out={}", pki.shared_dir.join("n1.key").display()))
@@ -76,6 +76,50 @@ fn request_refuses_to_write_the_key_to_the_shared_directory() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{stderr}");
     assert!(!pki.shared_dir.join("n1.key").exists() && !pki.shared_dir.join("n1.crt").exists());
+}
+
+/// `node-token` makes the token the signer expects of a node, in a private file off the shared
+/// directory; bad input writes nothing.
+#[test]
+fn node_token_writes_a_nodes_token_privately() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let run =
+        |args: &[String]| Command::new(BIN).arg("node-token").args(args).output().expect("run node-token");
+    let key = format!("--key-file={}", pki.token_key_file.display());
+    let shared = format!("--shared-dir={}", pki.shared_dir.display());
+    let printed = run(&[key.clone(), "--node-name=n1".into()]);
+    assert!(printed.status.success(), "{}", String::from_utf8_lossy(&printed.stderr));
+    assert_eq!(String::from_utf8_lossy(&printed.stdout).trim(), pki.token_for("n1"));
+
+    let out = pki.dir.path().join("local/n7.token");
+    let written =
+        run(&[key.clone(), "--node-name=n7".into(), format!("--out={}", out.display()), shared.clone()]);
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    assert_eq!(std::fs::read_to_string(&out).expect("token").trim(), pki.token_for("n7"));
+    assert_eq!(std::fs::metadata(&out).expect("meta").permissions().mode() & 0o777, 0o600);
+
+    // Refused, each with a message and nothing written: a token in the shared directory, a
+    // name that is not a node's, a key others can read.
+    let in_shared = pki.shared_dir.join("n8.token");
+    let refused =
+        run(&[key.clone(), "--node-name=n8".into(), format!("--out={}", in_shared.display()), shared]);
+    assert!(!refused.status.success() && !in_shared.exists(), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("shared"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let bad_name = run(&[key.clone(), "--node-name=Not_A_Node".into()]);
+    assert!(!bad_name.status.success() && bad_name.stdout.is_empty());
+    std::fs::set_permissions(&pki.token_key_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let open_key = run(&[key, "--node-name=n1".into()]);
+    assert!(!open_key.status.success() && open_key.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&open_key.stderr).contains("0644"),
+        "{}",
+        String::from_utf8_lossy(&open_key.stderr)
+    );
 }
 
 /// Serial and expiry of the first certificate in a PEM file.
@@ -98,7 +142,7 @@ fn renews_a_short_lived_certificate_before_it_expires() {
         .args(["request", "--renew", "--node-name=n1", "--profile=client"])
         .arg(format!("--server-file={}", pki.address_file().display()))
         .arg(format!("--ca-cert={}", pki.serving_ca_cert.display()))
-        .arg(format!("--token-file={}", pki.token_file.display()))
+        .arg(format!("--token-file={}", pki.token_file_for("n1").display()))
         .arg(format!("--shared-dir={}", pki.shared_dir.display()))
         .arg(format!("--cert-out={}", cert.display()))
         .arg(format!("--key-out={}", key.display()))

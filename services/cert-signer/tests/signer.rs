@@ -11,7 +11,7 @@ use hpk_proto::certsigner::v1::SignRequest;
 use hpk_proto::certsigner::v1::cert_signer_client::CertSignerClient;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
-use support::{Pki, Signer, TOKEN, init_crypto};
+use support::{Pki, Signer, init_crypto, token_for};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use x509_parser::prelude::*;
 
@@ -34,7 +34,7 @@ async fn serving_certificate_chains_to_the_ca_and_serves_tls() {
     let pki = Pki::new();
     let signer = Signer::start(&pki, &[]);
     let creds = signer
-        .client()
+        .client("node-1")
         .await
         .request(&serving_request("node-1", &["node-1.hpk", "10.0.0.7"]))
         .await
@@ -82,7 +82,7 @@ async fn client_certificate_is_the_node_identity_for_client_auth_only() {
     let pki = Pki::new();
     let signer = Signer::start(&pki, &[]);
     let request = CertRequest { node_name: "node-2".into(), profile: Profile::Client, sans: vec![] };
-    let creds = signer.client().await.request(&request).await.expect("sign");
+    let creds = signer.client("node-2").await.request(&request).await.expect("sign");
     let der = parse_leaf(&creds.chain_pem);
     let (_, cert) = X509Certificate::from_der(&der).expect("certificate");
     let eku = cert.extended_key_usage().expect("EKU ext").expect("EKU present").value;
@@ -111,29 +111,28 @@ async fn each_bad_request_gets_its_code_and_the_server_keeps_serving() {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_csr = ca_params.serialize_request(&key).expect("CA csr").pem().expect("pem");
 
+    let (n1, n2) = (token_for("n1"), token_for("n2"));
+    let (n1, n2) = (Some(n1.as_str()), Some(n2.as_str()));
     let cases: Vec<(&str, Option<&str>, SignRequest, tonic::Code)> = vec![
         ("no token", None, req("n1", &good_csr), tonic::Code::Unauthenticated),
         (
-            "wrong token",
+            "a token of the wrong form",
             Some("Bearer not-the-token-0123456789"),
             req("n1", &good_csr),
             tonic::Code::Unauthenticated,
         ),
-        ("CN of another node", Some(TOKEN), req("n2", &good_csr), tonic::Code::PermissionDenied),
+        ("another node's token", n2, req("n1", &good_csr), tonic::Code::Unauthenticated),
+        ("n1's token for n2", n1, req("n2", &good_csr), tonic::Code::Unauthenticated),
+        ("CN of another node", n2, req("n2", &good_csr), tonic::Code::PermissionDenied),
         (
             "SAN kubernetes.default.svc",
-            Some(TOKEN),
+            n1,
             req("n1", &build_csr(&serving_request("n1", &["kubernetes.default.svc"]), &key).expect("csr")),
             tonic::Code::PermissionDenied,
         ),
-        ("CSR asking for a CA", Some(TOKEN), req("n1", &ca_csr), tonic::Code::PermissionDenied),
-        (
-            "garbage PEM",
-            Some(TOKEN),
-            req("n1", "-----BEGIN GARBAGE-----\n!!\n"),
-            tonic::Code::InvalidArgument,
-        ),
-        ("10 MB request", Some(TOKEN), req("n1", &"A".repeat(10 * 1024 * 1024)), tonic::Code::OutOfRange),
+        ("CSR asking for a CA", n1, req("n1", &ca_csr), tonic::Code::PermissionDenied),
+        ("garbage PEM", n1, req("n1", "-----BEGIN GARBAGE-----\n!!\n"), tonic::Code::InvalidArgument),
+        ("10 MB request", n1, req("n1", &"A".repeat(10 * 1024 * 1024)), tonic::Code::OutOfRange),
     ];
     for (i, (name, token, request, code)) in cases.into_iter().enumerate() {
         let mut client = CertSignerClient::new(channel.clone()).max_encoding_message_size(64 * 1024 * 1024);
@@ -150,7 +149,7 @@ async fn each_bad_request_gets_its_code_and_the_server_keeps_serving() {
         // The next good request on a fresh connection still succeeds (for a node of its own:
         // the token enrols each name once).
         let node = format!("ok{i}");
-        let creds = signer.client().await.request(&serving_request(&node, &[&node])).await;
+        let creds = signer.client(&node).await.request(&serving_request(&node, &[&node])).await;
         assert!(creds.is_ok(), "after {name}: {:?}", creds.err());
     }
     // Every decision is in the log, with the verdict.
@@ -222,26 +221,34 @@ async fn the_token_enrols_a_node_once_and_its_certificate_renews_it() {
     let signer = Signer::start(&pki, &[]);
     let client_request =
         |node: &str| CertRequest { node_name: node.into(), profile: Profile::Client, sans: vec![] };
-    let first = signer.client().await.request(&client_request("n1")).await.expect("enrolment");
+    let first = signer.client("n1").await.request(&client_request("n1")).await.expect("enrolment");
 
     // The token alone, again, for either profile: refused.
     for request in [client_request("n1"), serving_request("n1", &["n1"])] {
         let refused =
-            signer.client().await.request(&request).await.expect_err("the token enrolled n1 already");
+            signer.client("n1").await.request(&request).await.expect_err("the token enrolled n1 already");
         assert!(
             matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("already has")),
             "{refused}"
         );
     }
     // With n1's certificate: both profiles, again and again.
-    let as_n1 = signer.client().await.as_node(&first).await.expect("connect as n1");
+    let as_n1 = signer.client("n1").await.as_node(&first).await.expect("connect as n1");
     let renewed = as_n1.clone().request(&client_request("n1")).await.expect("client renewal");
     as_n1.clone().request(&serving_request("n1", &["n1"])).await.expect("serving certificate");
     let as_renewed = as_n1.as_node(&renewed).await.expect("connect with the renewed certificate");
     as_renewed.clone().request(&client_request("n1")).await.expect("renewal with the renewed certificate");
-    // Not for another node, whether or not it has enrolled.
+    // Not for another node, whether or not it has enrolled: n1's token is n1's only, and with
+    // the other node's token (both of them leaked) n1's certificate still gets nothing for it.
+    signer.client("n2").await.request(&client_request("n2")).await.expect("n2 enrols");
     for other in ["n2", "n1x"] {
         let refused = as_renewed.clone().request(&client_request(other)).await.expect_err("another node");
+        assert!(
+            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::Unauthenticated && s.message().contains("not the token of the node")),
+            "{refused}"
+        );
+        let mut with_their_token = signer.client(other).await.as_node(&renewed).await.expect("connect as n1");
+        let refused = with_their_token.request(&client_request(other)).await.expect_err("another node");
         assert!(
             matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("n1's")),
             "{refused}"

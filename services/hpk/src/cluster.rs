@@ -5,10 +5,12 @@
 //!   `~/.hpk/<cluster>.kubeconfig` (0600, beside the directory: no bubble sees it), `ca.crt` (public), the
 //!   endpoint files (`apiserver`, `cert-signer`: URLs) and `nodes/<node>.json` (each bubble's
 //!   published ports and its launcher's PID). On a Slurm cluster this is the NFS home; no
-//!   secret of the nodes' (the node token, a key) is ever written here: the node token reaches
-//!   each launcher in its environment ([`NODE_TOKEN_ENV`]) and stays in its node directory.
+//!   secret of the nodes' (a node token, the key they are made from, a private key) is ever
+//!   written here: the cluster's node-token key reaches each launcher in its environment
+//!   ([`NODE_TOKEN_KEY_ENV`]); a launcher leaves its node's own token in its node directory,
+//!   and only the controller's launcher leaves the key there, for the cert-signer.
 //! - The **node directory** `$HPK_STATE_DIR/<cluster>/<node>/` (default: the Slurm job's
-//!   `$TMPDIR/hpk`, `/tmp/hpk-<uid>`, or `$XDG_RUNTIME_DIR/hpk`; node-local, 0700): the node token, the bubble's bundle and crun state, the controller's CA keys and etcd
+//!   `$TMPDIR/hpk`, `/tmp/hpk-<uid>`, or `$XDG_RUNTIME_DIR/hpk`; node-local, 0700): the node's token, the bubble's bundle and crun state, the controller's CA keys and etcd
 //!   data, the runtime's and kubelet's state, the logs. Removed when the bubble stops.
 //! - The **image cache** `$HPK_STATE_DIR/images/`: unpacked root filesystems, shared by the
 //!   bubbles of this machine, one per image manifest, each trusted only with this user's stamp
@@ -209,35 +211,49 @@ pub fn check_label(value: &str, what: &str) -> Result<()> {
     }
 }
 
-/// The environment variable that hands the cluster's node token to each launcher. `hpk up` and
-/// `hpk slurm job` set it for the launchers they start (Slurm carries a step's environment to
-/// its nodes over its own authenticated channel); each launcher keeps it in its node-local
-/// node directory ([`NODE_TOKEN_FILE`]), and it is never written to the shared directory
-/// (review M4). The launcher's own host-side programs do not inherit it.
-pub const NODE_TOKEN_ENV: &str = "HPK_NODE_TOKEN";
+/// The environment variable that hands the cluster's node-token key to each launcher. `hpk up`
+/// and `hpk slurm job` set it for the launchers they start (Slurm carries a step's environment
+/// to its nodes over its own authenticated channel). A launcher writes its node's own token
+/// ([`NODE_TOKEN_FILE`], made from the key) into its node-local node directory; only the
+/// controller's launcher also writes the key ([`NODE_TOKEN_KEY_FILE`]), for the cert-signer.
+/// So a token taken from a worker's bubble obtains certificates for that node only (review
+/// H3). Nothing of it is written to the shared directory (review M4), and the launcher's own
+/// host-side programs do not inherit it.
+pub const NODE_TOKEN_KEY_ENV: &str = "HPK_NODE_TOKEN_KEY";
 
-/// The node token's file in a node directory (0600), where the bubble's services read it.
+/// A node's token in its node directory (0600), where the bubble's services read it.
 pub const NODE_TOKEN_FILE: &str = "node-token";
 
-/// A new node token: 32 random bytes in hexadecimal.
-pub fn new_node_token() -> Result<String> {
+/// The cluster's node-token key in the controller's node directory (0600), for the cert-signer.
+pub const NODE_TOKEN_KEY_FILE: &str = "node-token-key";
+
+/// A new node-token key: 32 random bytes in hexadecimal.
+pub fn new_node_token_key() -> Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
-        .map_err(|e| Error::io("generate", "the node token", std::io::Error::other(e.to_string())))?;
+        .map_err(|e| Error::io("generate", "the node-token key", std::io::Error::other(e.to_string())))?;
     Ok(hex::encode(bytes))
 }
 
-/// The node token a launcher was given in [`NODE_TOKEN_ENV`] (`value`): 64 hexadecimal digits.
-pub fn parse_node_token(value: Option<std::ffi::OsString>) -> Result<String> {
+/// The node-token key a launcher was given in [`NODE_TOKEN_KEY_ENV`] (`value`): 64 hexadecimal
+/// digits.
+pub fn parse_node_token_key(value: Option<std::ffi::OsString>) -> Result<String> {
     let value = value.ok_or_else(|| {
         Error::Invalid(format!(
-            "{NODE_TOKEN_ENV} is not set: a controller or worker bubble needs the cluster's node token, which `hpk up` and `hpk slurm job` hand to the launchers they start"
+            "{NODE_TOKEN_KEY_ENV} is not set: a controller or worker bubble needs the cluster's node-token key, which `hpk up` and `hpk slurm job` hand to the launchers they start"
         ))
     })?;
     match value.into_string() {
-        Ok(token) if token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(token),
-        _ => Err(Error::Invalid(format!("{NODE_TOKEN_ENV} is not a node token (64 hexadecimal digits)"))),
+        Ok(key) if hpk_rpc::node_token::well_formed(key.as_bytes()) => Ok(key),
+        _ => Err(Error::Invalid(format!(
+            "{NODE_TOKEN_KEY_ENV} is not a node-token key (64 hexadecimal digits)"
+        ))),
     }
+}
+
+/// Node `node`'s token under the cluster's `key`: what the cert-signer expects of it.
+pub fn node_token(key: &str, node: &str) -> String {
+    hpk_rpc::node_token::derive(key.as_bytes(), node)
 }
 
 /// Writes `contents` to `path` atomically (a temporary file renamed over it) with `mode`.
@@ -353,15 +369,19 @@ mod lifetime_tests {
     }
 
     #[test]
-    fn node_tokens_are_made_random_and_read_only_whole() {
-        let (a, b) = (new_node_token().expect("token"), new_node_token().expect("token"));
+    fn node_token_keys_are_made_random_and_read_only_whole() {
+        let (a, b) = (new_node_token_key().expect("key"), new_node_token_key().expect("key"));
         assert_ne!(a, b);
-        assert_eq!(parse_node_token(Some(a.clone().into())).expect("a made token"), a);
-        let err = parse_node_token(None).expect_err("unset").to_string();
-        assert!(err.contains(NODE_TOKEN_ENV) && err.contains("hpk up"), "{err}");
+        assert_eq!(parse_node_token_key(Some(a.clone().into())).expect("a made key"), a);
+        let err = parse_node_token_key(None).expect_err("unset").to_string();
+        assert!(err.contains(NODE_TOKEN_KEY_ENV) && err.contains("hpk up"), "{err}");
         for bad in ["", "abc", &format!("{a}0"), &format!("{}g", &a[..63]), &format!("{a}\n")] {
-            assert!(parse_node_token(Some(bad.into())).is_err(), "{bad:?} was taken");
+            assert!(parse_node_token_key(Some(bad.into())).is_err(), "{bad:?} was taken");
         }
+        // Each node's token is its own, and none is the key.
+        assert_ne!(node_token(&a, "n1"), node_token(&a, "n2"));
+        assert_ne!(node_token(&a, "n1"), node_token(&b, "n1"));
+        assert_ne!(node_token(&a, "n1"), a);
     }
 
     #[test]

@@ -120,7 +120,7 @@ impl HostTools {
     pub fn command(&self, tool: Tool) -> Command {
         let mut cmd = Command::new(&self.loader);
         // The launcher's secret is its own, not crun's or slirp4netns'.
-        cmd.env_remove(crate::cluster::NODE_TOKEN_ENV);
+        cmd.env_remove(crate::cluster::NODE_TOKEN_KEY_ENV);
         cmd.arg("--library-path").arg(&self.library_path).arg("--argv0").arg(tool.name());
         // Checked in `new`; a program removed since fails at its start, with the loader's
         // message, like any missing program would.

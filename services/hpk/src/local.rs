@@ -110,12 +110,12 @@ pub async fn up(args: &UpArgs) -> Result<()> {
 async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4Addr) -> Result<()> {
     let t0 = Instant::now();
     let names: Vec<String> = (1..=args.nodes).map(|i| format!("{}-{i}", args.name)).collect();
-    // The cluster's node token, handed to each launcher in its environment only.
-    let token = cluster::new_node_token()?;
+    // The cluster's node-token key, handed to each launcher in its environment only.
+    let token_key = cluster::new_node_token_key()?;
     step(&format!("starting the controller bubble {} on {address}", names[0]));
     let mut pids = vec![(
         names[0].clone(),
-        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address, &token)?,
+        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address, &token_key)?,
     )];
     let deadline = Instant::now() + CONTROL_PLANE_BOUND;
     while !shared.kubeconfig().is_file() {
@@ -134,7 +134,7 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
         step(&format!("starting the worker bubble {name}"));
         pids.push((
             name.clone(),
-            spawn_launcher(args, shared, name, bubble::Role::Worker, image, address, &token)?,
+            spawn_launcher(args, shared, name, bubble::Role::Worker, image, address, &token_key)?,
         ));
     }
     let client = crate::init::client(&shared.kubeconfig()).await?;
@@ -271,7 +271,7 @@ fn spawn_launcher(
     role: bubble::Role,
     image: &Path,
     address: Ipv4Addr,
-    token: &str,
+    token_key: &str,
 ) -> Result<u32> {
     let logs = cluster::state_base().join(&shared.name);
     image::create_private_dir(&logs)?;
@@ -288,7 +288,7 @@ fn spawn_launcher(
         .arg("--image")
         .arg(image);
     cmd.args(args.options.to_args());
-    cmd.env(cluster::NODE_TOKEN_ENV, token);
+    cmd.env(cluster::NODE_TOKEN_KEY_ENV, token_key);
     // The state directory this command chose (and checked), not one chosen again.
     cmd.env("HPK_STATE_DIR", cluster::state_base());
     // Its own session: the launcher outlives `hpk up` and a closed terminal.

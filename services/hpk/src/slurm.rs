@@ -281,9 +281,10 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     // A node that fails later is a node failure of the cluster, not the end of the others.
     bubbles.arg("--kill-on-bad-exit=0").arg(&exe).args(["slurm", "node", "--image"]).arg(&args.image);
     bubbles.args(options.to_args());
-    // The cluster's node token: in the step's environment, which Slurm carries to each node's
-    // launcher over its own authenticated channel, never on the shared filesystem (review M4).
-    bubbles.env(cluster::NODE_TOKEN_ENV, cluster::new_node_token()?);
+    // The cluster's node-token key: in the step's environment, which Slurm carries to each
+    // node's launcher over its own authenticated channel, never on the shared filesystem (review
+    // M4). Each launcher gives its bubble only its own node's token (review H3).
+    bubbles.env(cluster::NODE_TOKEN_KEY_ENV, cluster::new_node_token_key()?);
     let mut step_child = bubbles.spawn().map_err(|e| Error::io("start", "srun (the bubbles' step)", e))?;
 
     let ready = tokio::select! {

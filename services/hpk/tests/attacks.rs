@@ -213,17 +213,19 @@ async fn idle_connection_floods_leave_the_cluster_working() {
     }
 }
 
-/// Runs `hpk-cert-signer request` from the attacker's machine as nobody, with a copy of the
-/// cluster's node token; Ok(certificate PEM) or the refusal.
+/// Runs `hpk-cert-signer request` from the attacker's machine as nobody, with a copy of a
+/// node's token (and, with `identity`, of that node's client certificate and key); Ok(certificate
+/// PEM) or the refusal.
 fn leaked_token_request(
     env: &Env,
     loot: &Path,
+    identity: bool,
     node: &str,
     profile: &str,
     sans: &[&str],
 ) -> Result<String, String> {
     let signer = Path::new(env!("CARGO_BIN_EXE_hpk")).with_file_name("hpk-cert-signer");
-    let out_dir = loot.join(format!("{node}-{profile}-{}", sans.join("_")));
+    let out_dir = loot.join(format!("{node}-{profile}-{identity}-{}", sans.join("_")));
     std::fs::create_dir_all(&out_dir).expect("mkdir");
     nix::unistd::chown(
         &out_dir,
@@ -243,6 +245,10 @@ fn leaked_token_request(
         .arg(format!("--cert-out={}", out_dir.join("c.crt").display()))
         .arg(format!("--key-out={}", out_dir.join("c.key").display()))
         .arg("--shared-dir=/nonexistent-shared");
+    if identity {
+        cmd.arg(format!("--client-cert={}", loot.join("node-client.crt").display()))
+            .arg(format!("--client-key={}", loot.join("node-client.key").display()));
+    }
     for san in sans {
         cmd.arg(format!("--san={san}"));
     }
@@ -277,13 +283,15 @@ fn valid_in(cert: &Path, seconds: u64) -> bool {
         .success()
 }
 
-/// H3 and L1: the node token leaks (a pod read it, or a backup did). With it, from another
-/// machine as nobody: no certificate for a node that already joined, in either profile; no
-/// serving certificate naming localhost or a loopback address; and a serving certificate for
-/// a new name with the API server's host address does not pass as the API server, whose CA
-/// issues kubelets nothing. Every certificate ends within a day of the cluster's lifetime.
-/// M4 first: the token is not on the shared filesystem at all (nor any key but the user's own
-/// kubeconfig's); the attacker's copy is taken from a node directory.
+/// H3 and L1: a node's token leaks (a pod read it, or a backup did). With leak-1's token, from
+/// another machine as nobody: no certificate for leak-1, which already joined, in either
+/// profile; none for leak-2 or for a name no node has (the token is leak-1's only); no serving
+/// certificate naming localhost or a loopback address. Then the whole of leak-1's node directory
+/// leaks (its client certificate and key too): that yields leak-1's certificates, still none for
+/// leak-2, and a serving certificate with the API server's host address does not pass as the
+/// API server, whose CA issues kubelets nothing. Every certificate ends within a day of the
+/// cluster's lifetime. M4 first: no token is on the shared filesystem at all (nor any key but
+/// the user's own kubeconfig's); the attacker's copy is taken from a node directory.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leaked_node_token_mints_no_other_identity() {
     let Some(image) = prerequisites() else { return };
@@ -321,10 +329,13 @@ async fn a_leaked_node_token_mints_no_other_identity() {
 
     // What the attacker took (a pod read it, or a backup did), in a directory of its own.
     let loot = tempfile::tempdir().expect("tempdir");
+    let (client_cert, client_key) = node_client_cert(&env, "leak-1");
     for (file, from) in [
         ("node-token", node_token(&env, "leak-1")),
         ("ca.crt", shared.join("ca.crt")),
         ("cert-signer", shared.join("cert-signer")),
+        ("node-client.crt", client_cert),
+        ("node-client.key", client_key),
     ] {
         std::fs::copy(from, loot.path().join(file)).expect("copy");
         nix::unistd::chown(&loot.path().join(file), Some(nix::unistd::Uid::from_raw(65534)), None)
@@ -337,22 +348,34 @@ async fn a_leaked_node_token_mints_no_other_identity() {
     )
     .expect("chown");
 
-    for node in ["leak-1", "leak-2"] {
-        for (profile, sans) in [("client", &[][..]), ("serving", &["10.1.2.3"][..])] {
-            let refused = leaked_token_request(&env, loot.path(), node, profile, sans).expect_err(&format!(
-                "the leaked token got a {profile} certificate for {node}, which had joined"
-            ));
-            assert!(refused.contains("already has a"), "{node} {profile}: {refused}");
+    // The token alone.
+    let token_only = |node: &str, profile: &str, sans: &[&str]| {
+        leaked_token_request(&env, loot.path(), false, node, profile, sans)
+    };
+    for (profile, sans) in [("client", &[][..]), ("serving", &["10.1.2.3"][..])] {
+        let refused = token_only("leak-1", profile, sans)
+            .expect_err(&format!("leak-1's token got a {profile} certificate for leak-1, which had joined"));
+        assert!(refused.contains("already has a"), "leak-1 {profile}: {refused}");
+        for node in ["leak-2", "impostor"] {
+            let refused = token_only(node, profile, sans)
+                .expect_err(&format!("leak-1's token got a {profile} certificate for {node}"));
+            assert!(refused.contains("not the token of the node"), "{node} {profile}: {refused}");
         }
     }
     for san in ["localhost", "127.0.0.1", "::1", "0.0.0.0"] {
-        let refused = leaked_token_request(&env, loot.path(), "impostor", "serving", &[san])
+        let refused = token_only("leak-1", "serving", &[san])
             .expect_err(&format!("the leaked token got a serving certificate for {san}"));
         assert!(refused.contains("loopback"), "{san}: {refused}");
     }
+    // The whole node directory: leak-1's certificates, and no other node's.
     let host_ip = env.host.ip.to_string();
-    let minted = leaked_token_request(&env, loot.path(), "impostor", "serving", &[&host_ip])
-        .expect("a new name with a node's address is a node's certificate");
+    for node in ["leak-2", "impostor"] {
+        let refused = leaked_token_request(&env, loot.path(), true, node, "serving", &[&host_ip])
+            .expect_err(&format!("leak-1's node directory got a certificate for {node}"));
+        assert!(refused.contains("not the token of the node"), "{node}: {refused}");
+    }
+    let minted = leaked_token_request(&env, loot.path(), true, "leak-1", "serving", &[&host_ip])
+        .expect("leak-1's certificate and token get leak-1 a serving certificate with its address");
     let minted_path = loot.path().join("minted.crt");
     std::fs::write(&minted_path, &minted).expect("write");
     // The API server's certificate passes where the minted one does not.

@@ -427,7 +427,7 @@ async fn up_refuses_a_machine_it_cannot_use_and_cleans_up() {
     let address = env.host.ip.to_string();
     let bubble = env
         .hpk(&["bubble", "--cluster", "bad", "--node", "bad-9", "--role", "worker", "--address", &address])
-        .env("HPK_NODE_TOKEN", "0".repeat(64))
+        .env("HPK_NODE_TOKEN_KEY", "0".repeat(64))
         .output()
         .expect("hpk bubble");
     for mut h in holders {

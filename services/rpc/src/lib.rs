@@ -9,6 +9,7 @@
 //! - [`mtls`]: the rustls configurations of mutual TLS.
 //! - [`unix`]: socket-path hygiene (private directory, 0600 socket, stale sockets).
 //! - [`log_limit`]: rate limits for log lines a peer can cause (refusals, failed handshakes).
+//! - [`node_token`]: per-node tokens, HMAC of the node's name under the cluster's key.
 //! - [`limits`]: the open-files limit raised to its hard limit, first thing in every `main`.
 //! - [`telemetry`] and [`shutdown`]: tracing set-up and SIGTERM/SIGINT handling for `main`.
 
@@ -17,6 +18,7 @@ mod error;
 pub mod limits;
 pub mod log_limit;
 pub mod mtls;
+pub mod node_token;
 pub mod readiness;
 pub mod serve;
 pub mod shutdown;

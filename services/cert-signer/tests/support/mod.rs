@@ -10,22 +10,23 @@ use hpk_cert_signer::client::SignerClient;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hpk-cert-signer");
-pub const TOKEN: &str = "test-node-token-0123456789abcdef";
+/// The cluster's node-token key; each node's token is made from it ([`Pki::token_for`]).
+pub const TOKEN_KEY: &str = "test-node-token-key-0123456789abcdef";
 
 /// Installs the process-wide rustls provider (ring), as the binaries do.
 pub fn init_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Two CAs and a node token in a temporary directory laid out like a controller: keys in
-/// `local/` (node-local storage), the token and public CA in `home/.hpk/` (the shared directory).
+/// Two CAs and a node-token key in a temporary directory laid out like a controller: keys in
+/// `local/` (node-local storage), the public CAs in `home/.hpk/` (the shared directory).
 pub struct Pki {
     pub dir: tempfile::TempDir,
     pub serving_ca_cert: PathBuf,
     pub serving_ca_key: PathBuf,
     pub client_ca_cert: PathBuf,
     pub client_ca_key: PathBuf,
-    pub token_file: PathBuf,
+    pub token_key_file: PathBuf,
     pub shared_dir: PathBuf,
 }
 
@@ -38,9 +39,29 @@ impl Pki {
         std::fs::create_dir_all(&shared_dir).expect("mkdir shared");
         let (serving_ca_cert, serving_ca_key) = write_ca(&local, &shared_dir, "serving-ca", "hpk-serving-ca");
         let (client_ca_cert, client_ca_key) = write_ca(&local, &shared_dir, "client-ca", "hpk-client-ca");
-        let token_file = shared_dir.join("node-token");
-        write_mode(&token_file, format!("{TOKEN}\n").as_bytes(), 0o600);
-        Self { dir, serving_ca_cert, serving_ca_key, client_ca_cert, client_ca_key, token_file, shared_dir }
+        let token_key_file = local.join("node-token-key");
+        write_mode(&token_key_file, format!("{TOKEN_KEY}\n").as_bytes(), 0o600);
+        Self {
+            dir,
+            serving_ca_cert,
+            serving_ca_key,
+            client_ca_cert,
+            client_ca_key,
+            token_key_file,
+            shared_dir,
+        }
+    }
+
+    /// Node `node`'s token.
+    pub fn token_for(&self, node: &str) -> String {
+        token_for(node)
+    }
+
+    /// A node-local file (0600) holding node `node`'s token, as a launcher leaves it.
+    pub fn token_file_for(&self, node: &str) -> PathBuf {
+        let path = self.dir.path().join("local").join(format!("{node}.token"));
+        write_mode(&path, format!("{}\n", token_for(node)).as_bytes(), 0o600);
+        path
     }
 
     pub fn serving_ca_pem(&self) -> Vec<u8> {
@@ -58,7 +79,7 @@ impl Pki {
             format!("--serving-ca-key={}", p(&self.serving_ca_key)),
             format!("--client-ca-cert={}", p(&self.client_ca_cert)),
             format!("--client-ca-key={}", p(&self.client_ca_key)),
-            format!("--token-file={}", p(&self.token_file)),
+            format!("--token-key-file={}", p(&self.token_key_file)),
             format!("--shared-dir={}", p(&self.shared_dir)),
             "--apiserver-san=10.96.0.1".into(),
         ]
@@ -67,6 +88,11 @@ impl Pki {
     pub fn address_file(&self) -> PathBuf {
         self.shared_dir.join("cert-signer.url")
     }
+}
+
+/// Node `node`'s token under [`TOKEN_KEY`].
+pub fn token_for(node: &str) -> String {
+    hpk_rpc::node_token::derive(TOKEN_KEY.as_bytes(), node)
 }
 
 fn write_ca(local: &Path, shared: &Path, file: &str, cn: &str) -> (PathBuf, PathBuf) {
@@ -137,8 +163,11 @@ impl Signer {
         self.child.id()
     }
 
-    pub async fn client(&self) -> SignerClient {
-        SignerClient::connect(&self.url, &self.ca_pem, TOKEN, None).await.expect("connect to signer")
+    /// A client with node `node`'s token.
+    pub async fn client(&self, node: &str) -> SignerClient {
+        SignerClient::connect(&self.url, &self.ca_pem, &token_for(node), None)
+            .await
+            .expect("connect to signer")
     }
 
     /// Sends SIGTERM and waits for the exit status.

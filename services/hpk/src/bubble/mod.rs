@@ -184,11 +184,11 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     cluster::host_uid();
     // Bad input is refused before anything is made.
     client_ca(args)?;
-    // A node's token comes from whoever started this launcher, never from the shared
+    // The node-token key comes from whoever started this launcher, never from the shared
     // directory (review M4); a runtime bubble enrols nothing.
-    let token = match args.role {
+    let token_key = match args.role {
         Role::Controller | Role::Worker => {
-            Some(cluster::parse_node_token(std::env::var_os(cluster::NODE_TOKEN_ENV))?)
+            Some(cluster::parse_node_token_key(std::env::var_os(cluster::NODE_TOKEN_KEY_ENV))?)
         }
         Role::Runtime => None,
     };
@@ -203,7 +203,7 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     // that we reap it (a zombie still pins the bubble's namespaces) and see it end.
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| Error::io("become", "a child subreaper", e.into()))?;
-    let launched = launch(args, &shared, token.as_deref())?;
+    let launched = launch(args, &shared, token_key.as_deref())?;
     let outcome = wait(&launched, &signals);
     launched.teardown();
     outcome
@@ -249,7 +249,7 @@ fn block_signals() -> Result<nix::sys::signal::SigSet> {
     Ok(set)
 }
 
-fn launch(args: &BubbleArgs, shared: &Shared, token: Option<&str>) -> Result<Launched> {
+fn launch(args: &BubbleArgs, shared: &Shared, token_key: Option<&str>) -> Result<Launched> {
     let node_dir = cluster::node_dir(&shared.name, &args.node);
     let record_path = shared.node_file(&args.node);
     if let Ok(Ok(existing)) = std::fs::read(&record_path).map(|b| serde_json::from_slice::<NodeRecord>(&b))
@@ -267,7 +267,7 @@ fn launch(args: &BubbleArgs, shared: &Shared, token: Option<&str>) -> Result<Lau
         std::fs::remove_dir_all(&node_dir).map_err(|e| Error::io("remove stale", node_dir.display(), e))?;
     }
     // From here on, a failure removes the node directory again: nothing half-made stays.
-    prepare_and_start(args, shared, &node_dir, &record_path, token).inspect_err(|_| {
+    prepare_and_start(args, shared, &node_dir, &record_path, token_key).inspect_err(|_| {
         let _ = remove_node_dir(&node_dir);
     })
 }
@@ -403,17 +403,21 @@ fn prepare_and_start(
     shared: &Shared,
     node_dir: &Path,
     record_path: &Path,
-    token: Option<&str>,
+    token_key: Option<&str>,
 ) -> Result<Launched> {
     let node_dir = node_dir.to_owned();
     let record_path = record_path.to_owned();
     for sub in ["", "etc", "logs", "crun", "bundle", "volumes", publish::PUBLISH_DIR] {
         image::create_private_dir(&node_dir.join(sub))?;
     }
-    // The node token, node-local (0600 in the 0700 node directory), where the bubble's
-    // cert-signer (controller) and its node's requests read it.
-    if let Some(token) = token {
+    // The node's own token, node-local (0600 in the 0700 node directory), where its requests
+    // read it; the key it is made from only on the controller, for the cert-signer (review H3).
+    if let Some(key) = token_key {
+        let token = cluster::node_token(key, &args.node);
         cluster::write_file(&node_dir.join(cluster::NODE_TOKEN_FILE), token.as_bytes(), 0o600)?;
+        if args.role == Role::Controller {
+            cluster::write_file(&node_dir.join(cluster::NODE_TOKEN_KEY_FILE), key.as_bytes(), 0o600)?;
+        }
     }
     let shared_view = node_dir.join(SHARED_VIEW);
     bind_shared_read_only(&shared.dir, &shared_view)?;

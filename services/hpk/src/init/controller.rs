@@ -103,12 +103,16 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         .await?;
     }
 
-    // The node token: the launcher's, in the node directory (review M4: no secret of the
+    // The node-token key: the launcher's, in the node directory (review M4: no secret of the
     // nodes' is in the shared directory; the tunnel has no shared key either, each node's
-    // net-forwarder makes its own key pair in memory).
-    let token = d(crate::cluster::NODE_TOKEN_FILE);
-    if !token.is_file() {
-        return Err(Error::Invalid(format!("the launcher left no node token at {}", token.display())));
+    // net-forwarder makes its own key pair in memory). A node's token is made from it, and the
+    // signer accepts a token for its own node's name only (review H3).
+    let token_key = d(crate::cluster::NODE_TOKEN_KEY_FILE);
+    if !token_key.is_file() {
+        return Err(Error::Invalid(format!(
+            "the launcher left no node-token key at {}",
+            token_key.display()
+        )));
     }
     let signer_address = d("cert-signer.address");
     let _ = std::fs::remove_file(&signer_address);
@@ -128,7 +132,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
             format!("--serving-ca-key={}", p(&kubelet_ca.key)),
             format!("--client-ca-cert={}", p(&client_ca.cert)),
             format!("--client-ca-key={}", p(&client_ca.key)),
-            format!("--token-file={}", p(&token)),
+            format!("--token-key-file={}", p(&token_key)),
             format!("--enrolled-file={}", p(&d("cert-signer.enrolled"))),
             // What it signs lives as long as the cluster, and no longer (its CAs end a day
             // after it does): a node's client certificate, which nothing renews, lasts too.

@@ -43,7 +43,8 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let api_url = read(&shared.join("apiserver"))?;
-    // The node token: the launcher's, in the node directory (never in the shared one).
+    // The node's token: the launcher's, in the node directory (never in the shared one); good
+    // for this node's name only.
     let token = node_dir.join(crate::cluster::NODE_TOKEN_FILE);
     if !token.is_file() {
         return Err(Error::Invalid(format!("the launcher left no node token at {}", token.display())));
