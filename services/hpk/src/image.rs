@@ -336,12 +336,79 @@ fn check_digest(path: &Path, digest: &str, size: Option<u64>) -> std::result::Re
     Ok(())
 }
 
-/// Creates `dir` (and parents) with mode 0700 for the last component.
+/// Creates `dir` (and any missing parents, 0700) and makes it private (review C1): `dir` must be
+/// a directory of this user's and not a link; it is checked and made 0700 through one
+/// descriptor, so nothing can be swapped in between. Links in the part of the path that exists
+/// already (`/home` → `/export/home`) are followed where only their directory's owner could
+/// have put them; a link in a directory others may write (`/tmp`) is followed only if it is
+/// this user's. Below that part, nothing this makes is a link: the directories are made
+/// relative to their parent's descriptor (`mkdirat`, `O_NOFOLLOW`).
 pub fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| Error::io("chmod", dir.display(), e))
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, fchmod, fstat, mkdirat};
+
+    let fail = |action: &'static str, e: nix::Error| Error::io(action, dir.display(), e.into());
+    let refuse = |why: String| Error::Invalid(format!("{}: {why}", dir.display()));
+    // The path below the longest ancestor that exists; `dir` itself is always opened from its
+    // parent, so that a link there is seen.
+    let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
+    let mut existing = dir;
+    loop {
+        let name = match existing.components().next_back() {
+            Some(Component::Normal(name)) => name,
+            _ => return Err(refuse("must end in a plain name (no `.`, `..` or root)".into())),
+        };
+        missing.push(name);
+        existing = existing.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match std::fs::symlink_metadata(existing) {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("inspect", existing.display(), e)),
+        }
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    let mut prefix = PathBuf::new();
+    for part in existing.components() {
+        prefix.push(part);
+        let meta =
+            std::fs::symlink_metadata(&prefix).map_err(|e| Error::io("inspect", prefix.display(), e))?;
+        let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+        if meta.file_type().is_symlink() && owner != me {
+            let parent = prefix.parent().unwrap_or(Path::new("/"));
+            let open = std::fs::metadata(parent)
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o022 != 0)
+                .map_err(|e| Error::io("inspect", parent.display(), e))?;
+            if open {
+                return Err(refuse(format!(
+                    "{} is a link of UID {owner}'s in a directory others may write: not followed",
+                    prefix.display()
+                )));
+            }
+        }
+    }
+    let flags = OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+    let mut fd: std::os::fd::OwnedFd =
+        File::open(existing).map_err(|e| Error::io("open", existing.display(), e))?.into();
+    for name in missing.into_iter().rev() {
+        match mkdirat(&fd, name, Mode::S_IRWXU) {
+            Ok(()) | Err(nix::Error::EEXIST) => {}
+            Err(e) => return Err(fail("create", e)),
+        }
+        fd = openat(&fd, name, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| match e {
+            nix::Error::ELOOP | nix::Error::ENOTDIR => {
+                refuse(format!("{} is a link or not a directory", name.to_string_lossy()))
+            }
+            e => fail("open", e),
+        })?;
+    }
+    let stat = fstat(&fd).map_err(|e| fail("inspect", e))?;
+    if stat.st_uid != me {
+        return Err(refuse(format!(
+            "belongs to UID {}, not to this user ({me}); remove it or choose another directory",
+            stat.st_uid
+        )));
+    }
+    fchmod(&fd, Mode::S_IRWXU).map_err(|e| fail("chmod", e))
 }
 
 /// A temporary directory under `parent`, removed on drop unless kept.

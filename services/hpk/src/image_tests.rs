@@ -271,3 +271,79 @@ fn a_gone_launchers_staging_is_swept_a_live_ones_is_not() {
     assert!(!cache.join(".unpack-4000000-dead").exists(), "PID 4000000 is gone: swept");
     assert!(ours.exists(), "this process is alive: its staging stays");
 }
+
+/// Review C1: a private directory is made below what exists without following a link, and one
+/// that is there already is taken only if it is this user's directory (not a link to one).
+#[test]
+fn private_directories_are_made_and_taken_only_as_this_users_own() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mode = |p: &Path| std::fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o7777;
+
+    let deep = tmp.path().join("a/b/c");
+    create_private_dir(&deep).expect("make");
+    for p in ["a", "a/b", "a/b/c"] {
+        assert_eq!(mode(&tmp.path().join(p)), 0o700, "{p}");
+    }
+    // One of ours, open to others: closed.
+    std::fs::set_permissions(&deep, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    create_private_dir(&deep).expect("again");
+    assert_eq!(mode(&deep), 0o700);
+
+    // A link where the directory should be, to a directory of ours: refused, and what it
+    // points to is left as it was.
+    let target = tmp.path().join("elsewhere");
+    std::fs::create_dir(&target).expect("mkdir");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let link = tmp.path().join("a/b/link");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let err = create_private_dir(&link).expect_err("a link").to_string();
+    assert!(err.contains("link"), "{err}");
+    assert_eq!(mode(&target), 0o755);
+    // A file there: refused.
+    let file = tmp.path().join("a/file");
+    std::fs::write(&file, "x").expect("write");
+    assert!(create_private_dir(&file).is_err());
+    assert!(create_private_dir(Path::new("/")).is_err() && create_private_dir(&deep.join("..")).is_err());
+
+    // Links in the part that exists are followed (a home under a linked /home).
+    let via = tmp.path().join("via");
+    std::os::unix::fs::symlink(tmp.path().join("a"), &via).expect("symlink");
+    create_private_dir(&via.join("d")).expect("below a link that was there");
+    assert!(tmp.path().join("a/d").is_dir());
+
+    // Another user's directory (as root, where the test can make one): refused, untouched.
+    if nix::unistd::geteuid().is_root() {
+        let theirs = tmp.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+        let err = create_private_dir(&theirs).expect_err("another user's").to_string();
+        assert!(err.contains("65534"), "{err}");
+        assert_eq!((mode(&theirs), std::fs::metadata(&theirs).expect("stat").uid()), (0o755, 65534));
+        // A link of theirs on the way, in a directory anyone may write: not followed. The same
+        // link in a directory only its owner may write (root's, as `/home` → `/export/home`
+        // is): followed.
+        let sticky = tmp.path().join("sticky");
+        std::fs::create_dir(&sticky).expect("mkdir");
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let planted = sticky.join("planted");
+        std::os::unix::fs::symlink(&target, &planted).expect("symlink");
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            &planted,
+            Some(nix::unistd::Uid::from_raw(65534)),
+            None,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .expect("lchown");
+        let err = create_private_dir(&planted.join("mine")).expect_err("through their link").to_string();
+        assert!(err.contains("65534") && err.contains("not followed"), "{err}");
+        assert!(!target.join("mine").exists(), "made through their link");
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        create_private_dir(&planted.join("mine")).expect("a link only the directory's owner could put there");
+        assert!(target.join("mine").is_dir());
+    } else {
+        eprintln!("not root: the other user's directory is not tried (no UID to give it)");
+    }
+}
