@@ -9,6 +9,7 @@
 
 pub mod capped_log;
 mod controller;
+mod listener_owner;
 mod node;
 mod relay;
 mod runtime;

@@ -29,6 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use super::listener_owner::ListenerOwner;
 use super::{InitArgs, inherited_fd};
 use crate::error::{Error, Result};
 
@@ -84,6 +85,10 @@ pub fn start(args: &InitArgs) -> Result<()> {
         .map_or(1024, |(soft, _)| soft);
     let limits = Limits::for_descriptors(nofile, names.len());
     tracing::info!(?limits, nofile, "relay bounds");
+    // A relayed port that a pod took explicitly is not exposed either: only a listener of the
+    // bubble's own services gets connections (review L5).
+    let owner =
+        Arc::new(ListenerOwner::new().map_err(|e| Error::io("read", "the bubble's mount namespace", e))?);
     for name in names {
         let port = args.port(name)?;
         let fd = inherited_fd(name)?;
@@ -92,7 +97,7 @@ pub fn start(args: &InitArgs) -> Result<()> {
         std_listener.set_nonblocking(true).map_err(|e| Error::io("configure", name, e))?;
         let listener = TcpListener::from_std(std_listener).map_err(|e| Error::io("register", name, e))?;
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        tokio::spawn(run(listener, target, (*name).to_owned(), limits));
+        tokio::spawn(run(listener, target, (*name).to_owned(), limits, owner.clone()));
     }
     Ok(())
 }
@@ -113,15 +118,24 @@ pub fn reserve_ports(file: &Path, ports: &[u16]) -> Result<()> {
     Ok(())
 }
 
-/// Accepts on `listener` for ever, relaying each admitted connection to `target`.
-pub async fn run(listener: TcpListener, target: SocketAddr, name: String, limits: Limits) {
+/// Accepts on `listener` for ever, relaying each admitted connection to `target` if `owner`
+/// finds the bubble's service listening there.
+pub async fn run(
+    listener: TcpListener,
+    target: SocketAddr,
+    name: String,
+    limits: Limits,
+    owner: Arc<ListenerOwner>,
+) {
     let gate = Arc::new(Gate::new(limits));
+    let squatted = Arc::new(hpk_rpc::log_limit::LogLimit::default());
     let mut refusals = RefusalLog::default();
     loop {
         match listener.accept().await {
             Ok((client, peer)) => match gate.admit(peer.ip()) {
                 Ok(ticket) => {
-                    tokio::spawn(relay(client, target, name.clone(), peer, ticket, limits));
+                    let upstream = Upstream { target, owner: owner.clone(), squatted: squatted.clone() };
+                    tokio::spawn(relay(client, upstream, name.clone(), peer, ticket, limits));
                 }
                 Err(refusal) => {
                     drop(client);
@@ -265,9 +279,47 @@ impl RefusalLog {
     }
 }
 
+/// Where a relayed connection goes, and the check of who listens there.
+struct Upstream {
+    target: SocketAddr,
+    owner: Arc<ListenerOwner>,
+    /// Refusals of a squatted port, logged a few every 10 s.
+    squatted: Arc<hpk_rpc::log_limit::LogLimit>,
+}
+
+impl Upstream {
+    /// Connects, then checks that the listener is the bubble's service's: connecting first,
+    /// a listener swapped in after the check would have to be bound after the service's
+    /// closed, which a service's restart takes far longer than this.
+    async fn connect(&self, name: &str, peer: SocketAddr) -> Option<TcpStream> {
+        let stream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(self.target)).await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(port = %name, %peer, error = %e, "service not listening yet: connection closed");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let (owner, port) = (self.owner.clone(), self.target.port());
+        let verdict = tokio::task::spawn_blocking(move || owner.check(port))
+            .await
+            .unwrap_or_else(|e| Err(format!("the check failed: {e}")));
+        match verdict {
+            Ok(()) => Some(stream),
+            Err(why) => {
+                if let Some(dropped) = self.squatted.admit() {
+                    tracing::warn!(port = %name, %peer, dropped, "{why}: connection closed, not relayed");
+                }
+                None
+            }
+        }
+    }
+}
+
 async fn relay(
     client: TcpStream,
-    target: SocketAddr,
+    upstream: Upstream,
     name: String,
     peer: SocketAddr,
     ticket: Ticket,
@@ -288,14 +340,7 @@ async fn relay(
             }
         },
     }
-    let upstream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!(port = %name, %peer, error = %e, "service not listening yet: connection closed");
-            return;
-        }
-        Err(_) => return,
-    };
+    let Some(upstream) = upstream.connect(&name, peer).await else { return };
     for s in [&client, &upstream] {
         let _ = s.set_nodelay(true);
         keepalive(s);
@@ -413,6 +458,10 @@ mod tests {
         assert_eq!(thread.join().expect("the thread"), [40000, 40003]);
     }
 
+    fn owner() -> Arc<ListenerOwner> {
+        Arc::new(ListenerOwner::new().expect("mount namespace"))
+    }
+
     fn limits() -> Limits {
         Limits {
             per_port: 6,
@@ -437,7 +486,7 @@ mod tests {
         });
         let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = front.local_addr().expect("addr");
-        tokio::spawn(run(front, target, "test".into(), limits));
+        tokio::spawn(run(front, target, "test".into(), limits, owner()));
         addr
     }
 
@@ -455,6 +504,47 @@ mod tests {
         let mut buf = [0u8; 4];
         matches!(tokio::time::timeout(Duration::from_secs(2), conn.read_exact(&mut buf)).await, Ok(Ok(_)))
             && &buf == b"ping"
+    }
+
+    /// Review L5: a relayed port taken by a process of another mount namespace (a pod's) gets
+    /// nothing relayed: the client's connection is closed and the squatter reads no byte.
+    #[tokio::test]
+    async fn a_port_a_pod_took_is_not_relayed() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
+                "a mount namespace of its own needs root here"
+            );
+            eprintln!("SKIPPED: a mount namespace of its own needs root here");
+            return;
+        }
+        let (mut squatter, port) = super::super::listener_owner::tests::squatter();
+        let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = front.local_addr().expect("addr");
+        let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        tokio::spawn(run(front, target, "test".into(), limits(), owner()));
+        let mut conn = TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(b"secret").await.expect("write");
+        let closed = closed_within(&mut conn, Duration::from_secs(5)).await;
+        // The squatter never accepted: bytes the relay sent would sit in the receive queue of a
+        // connection to its port (a FIN counts 1 there).
+        let queued = std::fs::read_to_string("/proc/net/tcp").expect("tcp table");
+        let _ = squatter.kill();
+        let _ = squatter.wait();
+        assert!(closed, "the relay kept a connection to a squatted port");
+        let hex_port = format!(":{port:04X} ");
+        let carried: Vec<&str> = queued
+            .lines()
+            .filter(|l| {
+                l.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&hex_port))
+            })
+            .filter(|l| l.split_whitespace().nth(3) != Some("0A"))
+            .filter(|l| {
+                let rx = l.split_whitespace().nth(4).and_then(|q| q.split_once(':')).map(|(_, rx)| rx);
+                rx.and_then(|rx| u32::from_str_radix(rx, 16).ok()).is_some_and(|n| n >= 6)
+            })
+            .collect();
+        assert!(carried.is_empty(), "bytes reached the squatter: {carried:?}");
     }
 
     #[tokio::test]
@@ -486,7 +576,13 @@ mod tests {
         });
         let front = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = front.local_addr().expect("addr");
-        tokio::spawn(run(front, target, "test".into(), Limits { idle: Duration::from_secs(30), ..limits() }));
+        tokio::spawn(run(
+            front,
+            target,
+            "test".into(),
+            Limits { idle: Duration::from_secs(30), ..limits() },
+            owner(),
+        ));
         let mut client = TcpStream::connect(addr).await.expect("connect");
         client.write_all(b"x").await.expect("write");
         tokio::time::sleep(Duration::from_millis(100)).await;
