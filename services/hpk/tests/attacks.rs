@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Env, eventually, prerequisites, text};
+use support::{Env, eventually, eventually_or, prerequisites, text};
 
 /// The published ports of a cluster: the API server, the cert-signer and each node's kubelet.
 fn published_ports(env: &Env, cluster: &str) -> Vec<(String, SocketAddr)> {
@@ -725,4 +725,138 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     files
+}
+
+/// L5: a privileged hostNetwork pod waits for the kubelet's port and takes it the moment the
+/// kubelet dies (binding it explicitly, which the reserved ports cannot prevent). A client from
+/// another machine then connects to the node's published kubelet port: the relay sees that a
+/// process outside the bubble's services listens there and closes the connection, and the pod
+/// receives nothing. Once the pod lets go, the kubelet is back and the node Ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_that_takes_a_relayed_port_is_not_exposed() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let out = env.up("squat", 1);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    let (_, kubelet) = published_ports(&env, "squat")
+        .into_iter()
+        .find(|(name, _)| name == "kubelet of squat-1")
+        .expect("the kubelet's published port");
+    let port = kubelet.port();
+    // hostNetwork is beyond Pod Security baseline, the default: the namespace asks for it.
+    env.kubectl_ok(
+        "squat",
+        &["label", "namespace", "default", "pod-security.kubernetes.io/enforce=privileged"],
+    );
+    // Tries to bind the port every 50 ms; once it has, serves one connection, prints what it
+    // received (between markers), and ends, giving the port back.
+    let script = format!(
+        "until nc -l -p {port} > /tmp/got 2>/dev/null; do sleep 0.05; done; echo '== got'; cat /tmp/got; echo '== end'"
+    );
+    env.apply("squat", &format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: squatter\nspec:\n  nodeName: squat-1\n  hostNetwork: true\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {}\n    command: [sh, -c, {:?}]\n",
+        env.shell, script
+    ));
+    eventually("the squatting pod runs", Duration::from_secs(90), || {
+        let phase = env.kubectl_ok("squat", &["get", "pod", "squatter", "-o", "jsonpath={.status.phase}"]);
+        (phase == "Running").then_some(())
+    });
+
+    let kubelet_pid = || {
+        support::bubble_processes("squat", "squat-1")
+            .into_iter()
+            .find(|(_, cmdline)| cmdline.starts_with("/usr/local/bin/hpk-kubelet "))
+            .map(|(pid, _)| pid)
+    };
+    let bubble_log = {
+        let out = Command::new("find")
+            .arg(env.state.path())
+            .args(["-path", "*/squat-1/logs/bubble.log"])
+            .output()
+            .expect("find");
+        std::path::PathBuf::from(
+            String::from_utf8_lossy(&out.stdout).lines().next().expect("bubble.log").to_owned(),
+        )
+    };
+    // Who listens on the port, in the bubble's network namespace.
+    let holder = || {
+        let bubble = support::bubble_processes("squat", "squat-1").first().map_or(0, |p| p.0);
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/proc/{bubble}/ns/net"))
+            .args(["ss", "-Hltnp", &format!("sport = :{port}")])
+            .output()
+            .expect("ss");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let diagnose = || {
+        let text = std::fs::read_to_string(&bubble_log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "bubble.log:\n{}\nport {port}: {}",
+            lines[lines.len().saturating_sub(15)..].join("\n"),
+            holder()
+        )
+    };
+    // The kubelet is killed until the pod holds its port: the supervisor restarts it within
+    // seconds, and it cannot bind while the pod does.
+    eventually_or(
+        "the pod holds the kubelet's port",
+        Duration::from_secs(90),
+        || {
+            let now = holder();
+            if now.contains("\"nc\"") {
+                return Some(());
+            }
+            if let Some(pid) = kubelet_pid() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            None
+        },
+        diagnose,
+    );
+    // A connection from the attacker's machine (a TLS client hello is the first byte the relay
+    // waits for): the relay closes it and logs whose port it is.
+    let _ = env
+        .attacker()
+        .command("curl")
+        .args(["-sSk", "--max-time", "5", &format!("https://{kubelet}/pods")])
+        .output()
+        .expect("curl");
+    eventually_or(
+        "the relay refuses the squatted port",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&bubble_log).ok()?.contains("outside the bubble's services").then_some(()),
+        diagnose,
+    );
+    assert!(holder().contains("\"nc\""), "the pod was handed a connection: {}", diagnose());
+    // The pod lets go of the port once it has had a connection: one straight to it, inside the
+    // bubble, as a service would be reached.
+    let bubble = support::bubble_processes("squat", "squat-1").first().map_or(0, |p| p.0);
+    let _ = Command::new("nsenter")
+        .arg(format!("--net=/proc/{bubble}/ns/net"))
+        .args(["--", "curl", "-sS", "--max-time", "5", &format!("http://127.0.0.1:{port}/direct")])
+        .output()
+        .expect("curl");
+    // The kubelet took its port back, and the node is Ready again.
+    eventually("the node is Ready again", Duration::from_secs(120), || {
+        let ready = env.kubectl(
+            "squat",
+            &["get", "node", "squat-1", "-o", r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#],
+        );
+        (String::from_utf8_lossy(&ready.stdout) == "True" && holder().contains("hpk-kubelet")).then_some(())
+    });
+    eventually("the squatting pod ends", Duration::from_secs(60), || {
+        let phase = env.kubectl("squat", &["get", "pod", "squatter", "-o", "jsonpath={.status.phase}"]);
+        (String::from_utf8_lossy(&phase.stdout) == "Succeeded").then_some(())
+    });
+    // It received the one request made inside the bubble, and no byte from outside.
+    let said = env.kubectl_ok("squat", &["logs", "squatter"]);
+    let got = said.split("== got").nth(1).and_then(|s| s.split("== end").next()).expect("the pod's report");
+    assert!(
+        got.starts_with("\nGET /direct HTTP/1.1") && !got.contains("/pods"),
+        "the squatting pod received: {got:?}"
+    );
 }

@@ -288,10 +288,11 @@ struct Upstream {
 }
 
 impl Upstream {
-    /// Connects, then checks that the listener is the bubble's service's: connecting first,
-    /// a listener swapped in after the check would have to be bound after the service's
-    /// closed, which a service's restart takes far longer than this.
+    /// Checks that the listener is the bubble's service's, connects, and checks again: a
+    /// listener that takes the port between the two would have to be bound after the
+    /// service's closed, and the second check sees it.
     async fn connect(&self, name: &str, peer: SocketAddr) -> Option<TcpStream> {
+        self.check(name, peer).await?;
         let stream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(self.target)).await
         {
             Ok(Ok(s)) => s,
@@ -301,12 +302,18 @@ impl Upstream {
             }
             Err(_) => return None,
         };
+        self.check(name, peer).await?;
+        Some(stream)
+    }
+
+    /// Whether only the bubble's services listen on the target port; logs why not.
+    async fn check(&self, name: &str, peer: SocketAddr) -> Option<()> {
         let (owner, port) = (self.owner.clone(), self.target.port());
         let verdict = tokio::task::spawn_blocking(move || owner.check(port))
             .await
             .unwrap_or_else(|e| Err(format!("the check failed: {e}")));
         match verdict {
-            Ok(()) => Some(stream),
+            Ok(()) => Some(()),
             Err(why) => {
                 if let Some(dropped) = self.squatted.admit() {
                     tracing::warn!(port = %name, %peer, dropped, "{why}: connection closed, not relayed");
