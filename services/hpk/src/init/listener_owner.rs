@@ -1,12 +1,11 @@
 //! Who listens on a relayed port (review L5): the relay joins a connection only to a listener
-//! that a process of the bubble's own mount namespace holds, that is one of the bubble's
-//! services. Every pod's container has a mount namespace of its own, a privileged hostNetwork
-//! pod's too, so a pod that takes a relayed port while its service is down (binding it
-//! explicitly, which the reserved ports do not prevent) is not exposed to the network.
+//! that one of the bubble's services holds, the processes its supervisor started. A pod that
+//! takes a relayed port while its service is down (binding it explicitly, which the reserved
+//! ports do not prevent; a privileged hostNetwork pod can) is not exposed to the network.
 //!
 //! The listening sockets come from the kernel's socket diagnostics (`NETLINK_SOCK_DIAG`, only
 //! sockets in the LISTEN state, of this network namespace); who holds one is looked up once per
-//! socket in `/proc/<pid>/fd` of the processes that share this mount namespace, and remembered.
+//! socket in `/proc/<pid>/fd` of the services, and remembered.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -30,21 +29,20 @@ const REMEMBERED: usize = 256;
 
 /// Decides whether the listeners of a port are the bubble's services'.
 pub struct ListenerOwner {
-    /// `/proc/self/ns/mnt`'s link text: `mnt:[INODE]`.
-    mount_ns: String,
-    /// Socket inode → whether a process of this mount namespace holds it.
+    /// The PIDs of the services now.
+    services: Box<dyn Fn() -> Vec<u32> + Send + Sync>,
+    /// Socket inode → whether a service holds it.
     known: Mutex<HashMap<u32, bool>>,
 }
 
 impl ListenerOwner {
-    /// Reads this process's mount namespace.
-    pub fn new() -> std::io::Result<Self> {
-        let mount_ns = std::fs::read_link("/proc/self/ns/mnt")?.to_string_lossy().into_owned();
-        Ok(Self { mount_ns, known: Mutex::new(HashMap::new()) })
+    /// Listeners are the services' if a process `services` names holds them.
+    pub fn new(services: impl Fn() -> Vec<u32> + Send + Sync + 'static) -> Self {
+        Self { services: Box::new(services), known: Mutex::new(HashMap::new()) }
     }
 
     /// Ok if every socket listening on TCP `port` in this network namespace (IPv4 or IPv6, any
-    /// address) is held by a process of this mount namespace; otherwise why not.
+    /// address) is held by one of the services; otherwise why not.
     pub fn check(&self, port: u16) -> Result<(), String> {
         let mut inodes =
             listening(libc::AF_INET as u8, port).map_err(|e| format!("socket diagnostics: {e}"))?;
@@ -55,7 +53,7 @@ impl ListenerOwner {
             let ours = match known {
                 Some(ours) => ours,
                 None => {
-                    let ours = self.held_here(inode);
+                    let ours = (self.services)().into_iter().any(|pid| holds(pid, inode));
                     let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     if known.len() >= REMEMBERED {
                         known.clear();
@@ -72,32 +70,13 @@ impl ListenerOwner {
         }
         Ok(())
     }
+}
 
-    /// Whether a process of this mount namespace has socket `inode` open.
-    fn held_here(&self, inode: u32) -> bool {
-        let wanted = format!("socket:[{inode}]");
-        let Ok(procs) = std::fs::read_dir("/proc") else { return false };
-        for entry in procs.flatten() {
-            let name = entry.file_name();
-            if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            let dir = entry.path();
-            // A process whose namespace cannot be read (another user's) is not one of ours.
-            match std::fs::read_link(dir.join("ns/mnt")) {
-                Ok(ns) if ns.to_string_lossy() == self.mount_ns => {}
-                _ => continue,
-            }
-            let Ok(fds) = std::fs::read_dir(dir.join("fd")) else { continue };
-            if fds
-                .flatten()
-                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == wanted.as_str()))
-            {
-                return true;
-            }
-        }
-        false
-    }
+/// Whether process `pid` has socket `inode` open.
+fn holds(pid: u32, inode: u32) -> bool {
+    let wanted = format!("socket:[{inode}]");
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == wanted.as_str()))
 }
 
 /// The inodes of the TCP sockets of `family` listening on `port` in this network namespace.
@@ -162,49 +141,40 @@ fn listening(family: u8, port: u16) -> std::io::Result<Vec<u32>> {
 pub(super) mod tests {
     use super::*;
 
-    /// A listener of this process (which shares its own mount namespace) passes; the same port
-    /// taken by a process in a mount namespace of its own, as every pod's container is, does
-    /// not.
+    /// A listener of a service (here this process) passes; the same port taken by another
+    /// process, as a pod would, does not.
     #[test]
-    fn only_listeners_of_this_mount_namespace_are_relayed_to() {
-        let owner = ListenerOwner::new().expect("mount namespace");
+    fn only_listeners_the_services_hold_are_relayed_to() {
+        let owner = ListenerOwner::new(|| vec![std::process::id()]);
         let ours = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = ours.local_addr().expect("addr").port();
-        owner.check(port).expect("a listener of this process");
+        owner.check(port).expect("a listener of a service");
         let sockets = listening(libc::AF_INET as u8, port).expect("diag");
         assert_eq!(sockets.len(), 1, "{sockets:?}");
         drop(ours);
         owner.check(port).expect("nothing listens: nothing to refuse (the connection fails)");
 
-        if !nix::unistd::geteuid().is_root() {
-            assert!(
-                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
-                "a mount namespace of its own needs root here"
-            );
-            eprintln!("SKIPPED: a mount namespace of its own needs root here");
-            return;
-        }
         let (mut squatter, port) = squatter();
         let refused = owner.check(port);
         let _ = squatter.kill();
         let _ = squatter.wait();
-        let why = refused.expect_err("a listener of another mount namespace");
+        let why = refused.expect_err("a listener of another process");
         assert!(why.contains(&port.to_string()) && why.contains("outside"), "{why}");
     }
 
-    /// A squatter in a mount namespace of its own (as root), listening on a loopback port of
-    /// its choosing, which it returns; it ends within a minute if not killed.
+    /// A squatter: another process listening on a loopback port of its choosing (IPv6 and
+    /// IPv4, as busybox's `nc -l` does), which it returns; it ends within a minute if not killed.
     pub(in crate::init) fn squatter() -> (std::process::Child, u16) {
-        let mut squatter = std::process::Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "--", "python3", "-c"])
+        let mut squatter = std::process::Command::new("python3")
+            .arg("-c")
             .arg(
-                "import socket,sys,time\n\
-                 s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n\
+                "import socket,time\n\
+                 s=socket.socket(socket.AF_INET6); s.bind(('::',0)); s.listen()\n\
                  print(s.getsockname()[1], flush=True); time.sleep(60)",
             )
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .expect("unshare python3");
+            .expect("python3");
         let mut line = String::new();
         std::io::BufRead::read_line(
             &mut std::io::BufReader::new(squatter.stdout.take().expect("stdout")),

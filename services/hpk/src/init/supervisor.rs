@@ -3,8 +3,9 @@
 //! back-off when it exits (1 s, doubling to 30 s; back to 1 s after a minute of running), and
 //! stopped in reverse start order (SIGTERM, then SIGKILL after 10 s).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
@@ -15,6 +16,25 @@ use crate::error::{Error, Result};
 const STOP_GRACE: Duration = Duration::from_secs(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STABLE: Duration = Duration::from_secs(60);
+
+/// The PID of each running service of this bubble: the relay hands connections only to
+/// listeners these processes hold (review L5).
+static RUNNING: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+
+/// The PIDs of the bubble's running services.
+pub fn service_pids() -> Vec<u32> {
+    RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().copied().collect()
+}
+
+/// Records service `name`'s PID (None: not running) for [`service_pids`] and in `tx`.
+fn note_pid(name: &str, tx: &watch::Sender<Option<u32>>, pid: Option<u32>) {
+    let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match pid {
+        Some(pid) => running.insert(name.to_owned(), pid),
+        None => running.remove(name),
+    };
+    let _ = tx.send(pid);
+}
 
 /// How to start one service.
 #[derive(Debug, Clone)]
@@ -60,7 +80,7 @@ impl Supervisor {
         let (done_tx, done) = watch::channel(false);
         let (pid_tx, pid) = watch::channel(None);
         let first = spawn(&service, &log)?;
-        let _ = pid_tx.send(first.id());
+        note_pid(&service.name, &pid_tx, first.id());
         let name = service.name.clone();
         let stop2 = stop.clone();
         tokio::spawn(async move {
@@ -75,7 +95,7 @@ impl Supervisor {
                             backoff = Duration::from_secs(1);
                         }
                         tracing::warn!(service = %service.name, %status, restart_in = ?backoff, "service exited; restarting");
-                        let _ = pid_tx.send(None);
+                        note_pid(&service.name, &pid_tx, None);
                         tokio::select! {
                             () = tokio::time::sleep(backoff) => {}
                             () = stop2.notified() => break,
@@ -83,7 +103,7 @@ impl Supervisor {
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         match spawn(&service, &log) {
                             Ok(c) => {
-                                let _ = pid_tx.send(c.id());
+                                note_pid(&service.name, &pid_tx, c.id());
                                 tracing::info!(service = %service.name, pid = ?c.id(), "service restarted");
                                 child = c;
                             }
@@ -100,6 +120,7 @@ impl Supervisor {
                     }
                 }
             }
+            note_pid(&service.name, &pid_tx, None);
             let _ = done_tx.send(true);
         });
         self.running.push(Running { name, stop, done, pid });
