@@ -41,8 +41,9 @@ impl ListenerOwner {
         Self { services: Box::new(services), known: Mutex::new(HashMap::new()) }
     }
 
-    /// Ok if every socket listening on TCP `port` in this network namespace (IPv4 or IPv6, any
-    /// address) is held by one of the services; otherwise why not.
+    /// Ok if every socket listening on TCP `port` in this network namespace that a connection
+    /// to `127.0.0.1:port` can reach (bound to that address or a wildcard, IPv4 or IPv6) is
+    /// held by one of the services; otherwise why not.
     pub fn check(&self, port: u16) -> Result<(), String> {
         let mut inodes =
             listening(libc::AF_INET as u8, port).map_err(|e| format!("socket diagnostics: {e}"))?;
@@ -119,14 +120,19 @@ fn listening(family: u8, port: u16) -> std::io::Result<Vec<u32>> {
             match kind {
                 NLMSG_DONE => return Ok(found),
                 NLMSG_ERROR => {
-                    let errno = if len >= HEADER + 4 { field(at + HEADER) as i32 } else { 0 };
-                    return Err(std::io::Error::from_raw_os_error(-errno));
+                    let errno = if len >= HEADER + 4 { field(at + HEADER) as i32 } else { -libc::EIO };
+                    // Zero is an acknowledgement, not an error.
+                    if errno != 0 {
+                        return Err(std::io::Error::from_raw_os_error(-errno));
+                    }
                 }
                 SOCK_DIAG_BY_FAMILY if len >= HEADER + DIAG_MSG => {
                     let msg = at + HEADER;
-                    // idiag_sport, network byte order, first in the socket id.
+                    // The socket id: idiag_sport (network byte order), idiag_dport, then
+                    // idiag_src (16 bytes; an IPv4 address in the first 4).
                     let sport = u16::from_be_bytes([buf[msg + 4], buf[msg + 5]]);
-                    if sport == port {
+                    let src: [u8; 16] = buf[msg + 8..msg + 24].try_into().unwrap_or([0xff; 16]);
+                    if sport == port && reaches_loopback(family, &src) {
                         found.push(field(msg + DIAG_MSG_INODE));
                     }
                 }
@@ -135,6 +141,17 @@ fn listening(family: u8, port: u16) -> std::io::Result<Vec<u32>> {
             at += (len + 3) & !3;
         }
     }
+}
+
+/// Whether a listener bound to `src` (of `family`) gets connections to `127.0.0.1`: bound to
+/// it or to a wildcard (`0.0.0.0`; `::` or a v4-mapped one, for a dual-stack IPv6 socket).
+fn reaches_loopback(family: u8, src: &[u8; 16]) -> bool {
+    const LOOPBACK: [u8; 4] = [127, 0, 0, 1];
+    if i32::from(family) == libc::AF_INET {
+        return src[..4] == LOOPBACK || src[..4] == [0; 4];
+    }
+    let v4_mapped = src[..10] == [0; 10] && src[10..12] == [0xff, 0xff];
+    *src == [0; 16] || (v4_mapped && (src[12..] == LOOPBACK || src[12..] == [0; 4]))
 }
 
 #[cfg(test)]
@@ -153,6 +170,32 @@ pub(super) mod tests {
         assert_eq!(sockets.len(), 1, "{sockets:?}");
         drop(ours);
         owner.check(port).expect("nothing listens: nothing to refuse (the connection fails)");
+
+        // A listener on another address of the same port gets no connection to the loopback:
+        // not a reason to refuse the service's.
+        let service = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = service.local_addr().expect("addr").port();
+        let elsewhere = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!(
+                "import socket,time\n\
+                 s=socket.socket(); s.bind(('127.0.0.2',{port})); s.listen()\n\
+                 print('bound', flush=True); time.sleep(60)"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let mut elsewhere = elsewhere.expect("python3");
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(elsewhere.stdout.take().expect("stdout")),
+            &mut line,
+        );
+        let verdict = owner.check(port);
+        let _ = elsewhere.kill();
+        let _ = elsewhere.wait();
+        assert_eq!(line.trim(), "bound");
+        verdict.expect("another address's listener is not on the relay's way");
+        drop(service);
 
         let (mut squatter, port) = squatter();
         let refused = owner.check(port);
