@@ -77,9 +77,7 @@ impl Signer {
         }
         result
     }
-}
 
-impl Signer {
     /// Whether `token` is `node`'s token: a leaked token is good for its own node only.
     fn authenticate(&self, token: &[u8], node: &str) -> Result<()> {
         if hpk_rpc::node_token::matches(&self.token_key, node, token) {
