@@ -215,7 +215,6 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             for name in &names {
                 health.set_service_status(*name, ServingStatus::NotServing).await;
             }
-            info!("shutting down: no new connections, draining in-flight requests");
         }
     };
 
@@ -416,10 +415,14 @@ async fn drain(
     shutdown: &CancellationToken,
 ) -> Result<()> {
     tokio::pin!(server);
+    // Biased: once shutdown is asked for, it wins over a server that the closed incoming stream
+    // has just ended, so the drain is always logged.
     tokio::select! {
-        result = &mut server => return Ok(result?),
+        biased;
         () = shutdown.cancelled() => {}
+        result = &mut server => return Ok(result?),
     }
+    info!("shutting down: no new connections, draining in-flight requests");
     match tokio::time::timeout(DRAIN_DEADLINE, server).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(Error::DrainTimeout(DRAIN_DEADLINE)),
