@@ -158,73 +158,41 @@ fn reaches_loopback(family: u8, src: &[u8; 16]) -> bool {
 pub(super) mod tests {
     use super::*;
 
-    /// A listener of a service (here this process) passes; the same port taken by another
-    /// process, as a pod would, does not.
-    #[test]
-    fn only_listeners_the_services_hold_are_relayed_to() {
-        let owner = ListenerOwner::new(|| vec![std::process::id()]);
-        let ours = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = ours.local_addr().expect("addr").port();
-        owner.check(port).expect("a listener of a service");
-        let sockets = listening(libc::AF_INET as u8, port).expect("diag");
-        assert_eq!(sockets.len(), 1, "{sockets:?}");
-        drop(ours);
-        owner.check(port).expect("nothing listens: nothing to refuse (the connection fails)");
-
-        // A listener on another address of the same port gets no connection to the loopback:
-        // not a reason to refuse the service's.
-        let service = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = service.local_addr().expect("addr").port();
-        let elsewhere = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(format!(
-                "import socket,time\n\
-                 s=socket.socket(); s.bind(('127.0.0.2',{port})); s.listen()\n\
-                 print('bound', flush=True); time.sleep(60)"
-            ))
-            .stdout(std::process::Stdio::piped())
-            .spawn();
-        let mut elsewhere = elsewhere.expect("python3");
-        let mut line = String::new();
-        let _ = std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(elsewhere.stdout.take().expect("stdout")),
-            &mut line,
-        );
-        let verdict = owner.check(port);
-        let _ = elsewhere.kill();
-        let _ = elsewhere.wait();
-        assert_eq!(line.trim(), "bound");
-        verdict.expect("another address's listener is not on the relay's way");
-        drop(service);
-
-        let (mut squatter, port) = squatter();
-        let refused = owner.check(port);
-        let _ = squatter.kill();
-        let _ = squatter.wait();
-        let why = refused.expect_err("a listener of another process");
-        assert!(why.contains(&port.to_string()) && why.contains("outside"), "{why}");
+    fn bind(addr: &str) -> (std::net::TcpListener, u16) {
+        let listener = std::net::TcpListener::bind(addr).expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        (listener, port)
     }
 
-    /// A squatter: another process listening on a loopback port of its choosing (IPv6 and
-    /// IPv4, as busybox's `nc -l` does), which it returns; it ends within a minute if not killed.
-    pub(in crate::init) fn squatter() -> (std::process::Child, u16) {
-        let mut squatter = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import socket,time\n\
-                 s=socket.socket(socket.AF_INET6); s.bind(('::',0)); s.listen()\n\
-                 print(s.getsockname()[1], flush=True); time.sleep(60)",
-            )
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(squatter.stdout.take().expect("stdout")),
-            &mut line,
-        )
-        .expect("the squatter's port");
-        let port: u16 = line.trim().parse().expect("a port");
-        (squatter, port)
+    /// A listener a service holds passes. One no service holds (a pod's; here one of this
+    /// process while the owner names no service) is refused, on the loopback or a wildcard
+    /// address, IPv4 or IPv6. One on another address gets no connection to the loopback and
+    /// is no reason to refuse.
+    #[test]
+    fn only_listeners_the_services_hold_are_relayed_to() {
+        let services = ListenerOwner::new(|| vec![std::process::id()]);
+        let no_service = ListenerOwner::new(Vec::new);
+        let (ours, port) = bind("127.0.0.1:0");
+        services.check(port).expect("a listener of a service");
+        let sockets = listening(libc::AF_INET as u8, port).expect("diag");
+        assert_eq!(sockets.len(), 1, "{sockets:?}");
+        let why = no_service.check(port).expect_err("a listener no service holds");
+        assert!(why.contains(&port.to_string()) && why.contains("outside"), "{why}");
+        drop(ours);
+        no_service.check(port).expect("nothing listens: nothing to refuse (the connection fails)");
+
+        for addr in ["0.0.0.0:0", "[::]:0"] {
+            let (_squatter, port) = bind(addr);
+            let why = no_service.check(port).expect_err(addr);
+            assert!(why.contains("outside"), "{addr}: {why}");
+        }
+        let (_elsewhere, port) = bind("127.0.0.2:0");
+        no_service.check(port).expect("another address's listener is not on the relay's way");
+    }
+
+    /// A squatter: a listener on the IPv6 wildcard (dual stack, as busybox's `nc -l` binds) of
+    /// a port of its choosing, which never accepts; pair it with an owner naming no service.
+    pub(in crate::init) fn squatter() -> (std::net::TcpListener, u16) {
+        bind("[::]:0")
     }
 }

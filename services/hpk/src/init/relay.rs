@@ -517,19 +517,23 @@ mod tests {
     /// nothing relayed: the client's connection is closed and the squatter reads no byte.
     #[tokio::test]
     async fn a_port_a_pod_took_is_not_relayed() {
-        let (mut squatter, port) = super::super::listener_owner::tests::squatter();
+        let (squatter, port) = super::super::listener_owner::tests::squatter();
         let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = front.local_addr().expect("addr");
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        tokio::spawn(run(front, target, "test".into(), limits(), owner()));
+        // No process is a service here: the squatter's listener is nobody's.
+        let no_service = Arc::new(ListenerOwner::new(Vec::new));
+        tokio::spawn(run(front, target, "test".into(), limits(), no_service));
         let mut conn = TcpStream::connect(addr).await.expect("connect");
         conn.write_all(b"secret").await.expect("write");
         let closed = closed_within(&mut conn, Duration::from_secs(5)).await;
         // The squatter never accepted: bytes the relay sent would sit in the receive queue of a
-        // connection to its port (a FIN counts 1 there).
-        let queued = std::fs::read_to_string("/proc/net/tcp").expect("tcp table");
-        let _ = squatter.kill();
-        let _ = squatter.wait();
+        // connection to its port (a FIN counts 1 there); the squatter is a dual-stack IPv6
+        // socket, so its connections are in the IPv6 table.
+        let queued = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .map(|table| std::fs::read_to_string(table).expect("tcp table"))
+            .concat();
+        drop(squatter);
         assert!(closed, "the relay kept a connection to a squatted port");
         let hex_port = format!(":{port:04X} ");
         let carried: Vec<&str> = queued
