@@ -743,7 +743,21 @@ async fn kubectl_top(c: &Cluster) {
         (500.0..=1150.0).contains(&millicores),
         "kubectl top shows {millicores}m for a pod burning a core"
     );
-    let nodes = c.kubectl(&["top", "node", "--no-headers"]);
+    // The node's figures are a rate of their own: metrics-server may answer for pods a scrape
+    // before it has the node's.
+    let started = Instant::now();
+    let nodes = loop {
+        let out = c.cp.kubectl().args(["top", "node", "--no-headers"]).output().expect("kubectl top");
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "kubectl top node: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     assert!(nodes.starts_with(NODE), "kubectl top node: {nodes}");
 }
 
