@@ -7,7 +7,7 @@ use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
 use tokio_util::sync::CancellationToken;
 
 use crate::cri::{Images, RuntimeApi};
-use crate::engine::{Apptainer, Crun, Engine, EngineChoice, EngineKind};
+use crate::engine::{Apptainer, ApptainerEngine, Crun, CrunEngine, Engine, EngineChoice, EngineKind};
 use crate::images::{ImageStore, StoreOptions};
 use crate::runtime::{self, Runtime};
 
@@ -124,14 +124,15 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
             }
         }
     }
-    let engine = match kind {
-        EngineKind::Crun => Engine::Crun,
-        EngineKind::Apptainer => Engine::Apptainer(
+    let engine: std::sync::Arc<dyn Engine> = match kind {
+        EngineKind::Crun => std::sync::Arc::new(CrunEngine::new(crun)),
+        EngineKind::Apptainer => std::sync::Arc::new(ApptainerEngine::new(
             Apptainer::new(&args.root.join("apptainer"), args.insecure_registries.clone()).with_programs(
                 crate::engine::resolve_program("apptainer"),
                 crate::engine::resolve_program("nsenter"),
             ),
-        ),
+            args.pod_grace_seconds,
+        )),
     };
     tracing::info!(engine = kind.name(), requested = ?args.engine, "engine");
     let config = runtime::Config {
@@ -142,10 +143,10 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         shim_binary: std::env::current_exe()
             .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
         network: args.net_forwarder_socket.as_deref().map(runtime::PodNetwork::new),
-        engine,
         pod_logs_root: args.listen.is_some().then(|| args.root.join("pod-logs")),
+        on_pod_removed: Some(crate::remote::files::remove_on_pod_removed(args.root.join(runtime::POD_FILES))),
     };
-    let runtime = Runtime::new(config, crun, images)?;
+    let runtime = Runtime::new(config, engine, images)?;
     if let Some(ids) = runtime.id_mappings() {
         tracing::info!(mapping = %ids, "user and group IDs of this bubble");
     }

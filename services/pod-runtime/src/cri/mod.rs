@@ -3,6 +3,7 @@
 
 mod image_service;
 mod runtime_service;
+mod status;
 
 pub use image_service::{Images, grpc_code as image_grpc_code};
 pub use runtime_service::Runtime as RuntimeApi;

@@ -53,6 +53,18 @@ pub enum Error {
     /// The engine cannot do what was asked (Apptainer's syntax or features do not reach).
     #[error("{0}")]
     Unsupported(String),
+    /// What the engine needs of a container or image is not there (a SIF not pulled).
+    #[error("{kind} {id:?} not found")]
+    NotFound {
+        /// What was looked for.
+        kind: &'static str,
+        /// Its ID or reference.
+        id: String,
+    },
+    /// The container is not in a state that allows the operation (no running process, a
+    /// launch that failed).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// An identifier is not usable as a container ID or directory name.
     #[error("invalid identifier {0:?}: use letters, digits, '-', '_' and '.'")]
     BadId(String),

@@ -29,6 +29,17 @@ pub const DEFAULT_CAPS: &[&str] = &[
     "CAP_AUDIT_WRITE",
 ];
 
+/// Who a container's process runs as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    /// Its user ID.
+    pub uid: u32,
+    /// Its primary group ID.
+    pub gid: u32,
+    /// Its supplementary group IDs.
+    pub additional_gids: Vec<u32>,
+}
+
 /// A sandbox: hpk-pause in new PID, network, IPC, UTS and mount namespaces.
 #[derive(Clone, Debug)]
 pub struct SandboxSpec {

@@ -163,6 +163,12 @@ impl ImageStore {
         self.inner.index().find(&lookup).cloned()
     }
 
+    /// Records `image` as if pulled (its layers are not there): for tests of the runtime.
+    #[cfg(test)]
+    pub(crate) fn add_record(&self, image: ImageRecord) -> Result<ImageRecord> {
+        self.inner.index().add(image)
+    }
+
     /// Removes the image (all its names) and the blobs and layers no other image uses. An
     /// image that is not there is not an error: CRI's `RemoveImage` is idempotent.
     pub async fn remove(&self, reference_or_id: &str) -> Result<()> {

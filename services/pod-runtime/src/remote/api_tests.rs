@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 use tonic::{Code, Request};
 
 use super::RemoteApi;
-use crate::engine::{CgroupMode, Crun, Engine};
+use crate::engine::{CgroupMode, Crun, CrunEngine};
 use crate::images::ImageStore;
 use crate::runtime::{Config, Container, Runtime, Sandbox};
 
@@ -26,11 +26,11 @@ fn runtime(root: &Path) -> Arc<Runtime> {
         cgroup_mode: CgroupMode::V2,
         shim_binary: "/nonexistent/hpk-pod-runtime".into(),
         network: None,
-        engine: Engine::Crun,
         pod_logs_root: None,
+        on_pod_removed: Some(super::files::remove_on_pod_removed(root.join(super::files::POD_FILES))),
     };
     let images = ImageStore::open(&root.join("images")).unwrap();
-    Runtime::new(config, Crun::new(&root.join("crun")), images).unwrap()
+    Runtime::new(config, Arc::new(CrunEngine::new(Crun::new(&root.join("crun")))), images).unwrap()
 }
 
 async fn add_container(runtime: &Runtime, id: &str, log: &Path, state: cri::ContainerState) {

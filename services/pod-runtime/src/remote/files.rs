@@ -15,8 +15,7 @@ use tracing::{info, warn};
 use super::validate::{self, DEFAULT_DIR_MODE, Entry, Kind, Root};
 use super::{Error, Result};
 
-/// The directory under the runtime's root that holds every pod's files.
-pub const POD_FILES: &str = "pod-files";
+pub use crate::runtime::POD_FILES;
 
 /// Bytes of the staging name taken from the key's last component, for a reader of the
 /// directory; the rest is random, and the whole stays far below a file name's 255 bytes.
@@ -73,6 +72,18 @@ pub fn remove_pod(pod_files: &Path, uid: &str) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("remove", &dir, e)),
     }
+}
+
+/// The runtime's hook removing a pod's files under `pod_files` once its last sandbox is gone.
+/// Best effort: the sandbox is removed either way.
+pub fn remove_on_pod_removed(pod_files: PathBuf) -> crate::runtime::PodRemoved {
+    crate::runtime::PodRemoved(std::sync::Arc::new(move |uid: &str| {
+        match remove_pod(&pod_files, uid) {
+            // A UID that is not one cannot have files stored.
+            Ok(()) | Err(Error::Invalid(_)) => {}
+            Err(error) => warn!(pod = uid, %error, "cannot remove the pod's files"),
+        }
+    }))
 }
 
 /// `.<start of the key's last component>.staging-<random>`.

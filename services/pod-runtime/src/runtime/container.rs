@@ -10,11 +10,12 @@ use std::time::Duration;
 use k8s_cri::v1 as cri;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::events::mark_exited;
 use super::{Container, Error, Result, Runtime, join_inside, labels_match, new_id, now_nanos, resolve};
-use crate::engine::{ContainerSpec, Mount, Overlay, Propagation, Security};
+use crate::engine::{Created, Mount, NewContainer, Propagation, Security, Signal, Stdio3};
+use crate::images::ImageRecord;
 
 /// How long a log shim may take to open its FIFOs.
 const SHIM_READY: Duration = Duration::from_secs(10);
@@ -35,15 +36,6 @@ struct Output {
     /// The shim's console socket, when the container has a terminal.
     console: Option<PathBuf>,
     shim_pid: Option<u32>,
-}
-
-/// What creating a container in the engine gave, besides the container.
-#[derive(Debug, Default)]
-struct Created {
-    /// Why it cannot start (see [`Container::start_error`]).
-    start_error: Option<String>,
-    /// What of its user this bubble cannot give (see [`Container::not_honoured`]).
-    not_honoured: Option<String>,
 }
 
 /// Largest environment plus arguments a container may get; past this, execve fails (E2BIG)
@@ -122,7 +114,7 @@ impl Runtime {
         }
         let image_user = image.config.user.clone().unwrap_or_default();
         let process = Process { security, own_pid_namespace, image_user, ..process };
-        self.engine_check_tty(config.tty)?;
+        self.engine.check_tty(config.tty)?;
 
         let id = new_id()?;
         let dir = self.container_dir(&id);
@@ -136,16 +128,27 @@ impl Runtime {
         let created = match self.start_output(&id, &dir, log_path.as_ref(), &attach, streams).await {
             Ok(output) => {
                 let shim_pid = output.shim_pid;
-                self.create_in(&id, &dir, layers, pause_pid, process, mounts, &config, output)
-                    .map(|created| (created, shim_pid))
+                self.create_in(
+                    &id,
+                    &sandbox_id,
+                    &dir,
+                    layers,
+                    &image,
+                    pause_pid,
+                    process,
+                    mounts,
+                    &config,
+                    output,
+                )
+                .map(|created| (created, shim_pid))
             }
             Err(err) => Err(err),
         };
         let (Created { start_error, not_honoured }, shim_pid) = match created {
             Ok(created) => created,
             Err(err) => {
-                let _ = self.engine_delete_container(&id, pause_pid);
-                let _ = self.engine_unmount(&dir);
+                let _ = self.engine.delete_container(&id, &dir, pause_pid);
+                let _ = self.engine.unmount(&dir);
                 let _ = super::sub_path::remove_container_dir(&dir);
                 return Err(err);
             }
@@ -173,8 +176,8 @@ impl Runtime {
             not_honoured,
         };
         if let Err(err) = container.save_all() {
-            let _ = self.engine_delete_container(&id, pause_pid);
-            let _ = self.engine_unmount(&container.dir);
+            let _ = self.engine.delete_container(&id, &container.dir, pause_pid);
+            let _ = self.engine.unmount(&container.dir);
             let _ = super::sub_path::remove_container_dir(&container.dir);
             return Err(err);
         }
@@ -317,89 +320,42 @@ impl Runtime {
     fn create_in(
         &self,
         id: &str,
+        sandbox_id: &str,
         dir: &Path,
         layers: Vec<PathBuf>,
+        image: &ImageRecord,
         pause_pid: u32,
         process: Process,
         mounts: Vec<Mount>,
         config: &cri::ContainerConfig,
         output: Output,
     ) -> Result<Created> {
-        if self.apptainer().is_some() {
-            let image_ref = config.image.as_ref().map(|i| i.image.as_str()).unwrap_or_default();
-            let sif =
-                self.images.status(image_ref).and_then(|image| self.sif_of(&image)).ok_or_else(|| {
-                    Error::NotFound {
-                        kind: "image (as an Apptainer SIF; pull it again)",
-                        id: image_ref.to_owned(),
-                    }
-                })?;
-            let pod_uid = config
-                .linux
-                .as_ref()
-                .and_then(|l| l.security_context.as_ref())
-                .is_some_and(|s| s.run_as_user.is_some());
-            // Apptainer binds know no propagation; the image is a SIF, so only numeric users
-            // resolve (names need the image's /etc/passwd).
-            let binds = mounts.into_iter().map(|m| (m.host, m.dest, m.readonly)).collect();
-            let uid =
-                super::security::resolve_user(config, &process.image_user, Path::new("/nonexistent"))?.uid;
-            let launch =
-                super::dispatch::launch_of(sif, process.args, process.env, process.cwd, binds, config);
-            let stdio =
-                crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
-            self.apptainer_create(dir, pause_pid, launch, uid, pod_uid, stdio)?;
-            return Ok(Created::default());
-        }
-        let overlay = Overlay::new(dir, layers)?;
-        overlay.mount(&self.crun)?;
-        // Names resolve in the image's own /etc/passwd and /etc/group, now mounted.
-        let user = super::security::resolve_user(config, &process.image_user, &overlay.target)?;
-        let asked = user.clone();
-        let (user, not_honoured) = super::unmapped::fit(user, config, self.ids.as_ref());
-        if let Some(note) = &not_honoured {
-            warn!(
-                container = id,
-                uid = asked.uid,
-                gid = asked.gid,
-                groups = ?asked.additional_gids,
-                runs_as = %format!("{}:{}", user.uid, user.gid),
-                %note,
-                "container user not honoured"
-            );
-        }
+        let root = self.engine.prepare_root(dir, layers, image)?;
+        // Names resolve in the image's own /etc/passwd and /etc/group, where the engine can read
+        // them; else only numeric users do.
+        let files = root.files.clone().unwrap_or_else(|| PathBuf::from("/nonexistent"));
+        let user = super::security::resolve_user(config, &process.image_user, &files)?;
         let security = config.linux.as_ref().and_then(|l| l.security_context.as_ref());
-        let spec = ContainerSpec {
-            id: id.to_owned(),
-            rootfs: overlay.target.clone(),
+        let fit_user = |user| super::unmapped::fit(user, config, self.ids.as_ref());
+        Ok(self.engine.create_container(NewContainer {
+            id,
+            sandbox_id,
+            dir,
+            pause_pid,
+            root,
             args: process.args,
             env: process.env,
             cwd: process.cwd,
-            uid: user.uid,
-            gid: user.gid,
-            additional_gids: user.additional_gids,
+            user,
+            pod_user: security.is_some_and(|s| s.run_as_user.is_some()),
+            fit_user: &fit_user,
             mounts,
             security: process.security,
             own_pid_namespace: process.own_pid_namespace,
             readonly_rootfs: security.is_some_and(|s| s.readonly_rootfs),
-            terminal: output.console.is_some(),
-        };
-        spec.write_bundle(&dir.join("bundle"))?;
-        let stdio =
-            crate::engine::Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr };
-        let created = |start_error| Created { start_error, not_honoured: not_honoured.clone() };
-        match self.crun_for(pause_pid).create(id, &dir.join("bundle"), stdio, output.console.as_deref()) {
-            Ok(()) => Ok(created(None)),
-            // crun checks the command at create (its init has already written the reason to the
-            // container's stderr, so it is in the log). Kubernetes users expect what a shell
-            // gives: the container starts and exits 127, not a failed create.
-            Err(crate::engine::Error::Command { stderr, .. })
-                if stderr.contains("executable file") && stderr.contains("not found") =>
-            {
-                Ok(created(Some(stderr.lines().last().unwrap_or(&stderr).to_owned())))
-            }
-            Err(e) => Err(e.into()),
-        }
+            stdio: Stdio3 { stdin: output.stdin, stdout: output.stdout, stderr: output.stderr },
+            console: output.console,
+        })?)
     }
 
     pub(crate) async fn resolve_container(&self, wanted: &str) -> Result<String> {
@@ -429,7 +385,7 @@ impl Runtime {
             }
             c.pause_pid
         };
-        let sandbox_pid = self.engine_start_container(&id, pause_pid)?;
+        let sandbox_pid = self.engine.start_container(&id, &self.container_dir(&id), pause_pid)?;
         let mut state = self.state.lock().await;
         let super::State { sandboxes, containers } = &mut *state;
         let c =
@@ -468,13 +424,13 @@ impl Runtime {
             (c.exited.subscribe(), c.pause_pid)
         };
         if timeout > 0 {
-            let _ = self.engine_kill_container(&id, pause_pid, "TERM");
+            let _ = self.engine.kill_container(&id, &self.container_dir(&id), pause_pid, Signal::Term);
             let grace = Duration::from_secs(u64::try_from(timeout).unwrap_or(0));
             if tokio::time::timeout(grace, exited.wait_for(|done| *done)).await.is_ok() {
                 return Ok(());
             }
         }
-        let _ = self.engine_kill_container(&id, pause_pid, "KILL");
+        let _ = self.engine.kill_container(&id, &self.container_dir(&id), pause_pid, Signal::Kill);
         tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|done| *done))
             .await
             .map_err(|_| Error::Timeout(format!("container {id} did not exit after SIGKILL")))?
@@ -491,7 +447,8 @@ impl Runtime {
             let c = state.containers.get(&id);
             (c.map(|c| c.pause_pid).unwrap_or(0), c.and_then(|c| c.shim_pid))
         };
-        self.engine_delete_container(&id, pause_pid)?;
+        let dir = self.container_dir(&id);
+        self.engine.delete_container(&id, &dir, pause_pid)?;
         // The shim ends by itself once every writer is gone; a process the container left
         // behind may still hold its stdout, and nothing reads that log any more.
         let shim = shim_pid.filter(|pid| crate::logshim::is_shim_of(*pid, &id));
@@ -499,8 +456,7 @@ impl Runtime {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
-        let dir = self.container_dir(&id);
-        self.engine_unmount(&dir)?;
+        self.engine.unmount(&dir)?;
         super::sub_path::remove_container_dir(&dir)?;
         let mut state = self.state.lock().await;
         self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);

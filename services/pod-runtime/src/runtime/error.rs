@@ -57,26 +57,3 @@ impl Error {
         Self::Io { action, path: path.into(), source }
     }
 }
-
-impl From<Error> for tonic::Status {
-    fn from(err: Error) -> Self {
-        use tonic::Code;
-        let code = match &err {
-            Error::Invalid(_)
-            | Error::Engine(
-                engine::Error::PathEscapes { .. }
-                | engine::Error::SubPathLink { .. }
-                | engine::Error::BadId(_)
-                | engine::Error::Unsupported(_),
-            ) => Code::InvalidArgument,
-            Error::NotFound { .. } => Code::NotFound,
-            Error::AlreadyExists(_) => Code::AlreadyExists,
-            Error::FailedPrecondition(_) => Code::FailedPrecondition,
-            Error::Images(e) => crate::cri::image_grpc_code(e),
-            Error::Timeout(_) => Code::DeadlineExceeded,
-            Error::Unavailable(_) => Code::Unavailable,
-            Error::Engine(_) | Error::Io { .. } => Code::Internal,
-        };
-        tonic::Status::new(code, err.to_string())
-    }
-}

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::{debug, warn};
 
 use super::{Error, Result, Runtime};
-use crate::engine;
+use crate::engine::{self, ExecIn};
 
 /// The most of each stream kept; the rest is read and dropped so the command never blocks.
 const OUTPUT_CAP: usize = 16 * 1024 * 1024;
@@ -70,7 +70,16 @@ impl Runtime {
             .map_err(|e| Error::io("create", self.container_dir(&id), e))?;
         let (pid_file, log) = (scratch.path().join("pid"), scratch.path().join("crun.log"));
         let child = self
-            .engine_exec(&id, pause_pid, &cmd, scratch.path(), &pid_file, &log)?
+            .engine
+            .exec(ExecIn {
+                id: &id,
+                dir: &self.container_dir(&id),
+                pause_pid,
+                cmd: &cmd,
+                scratch: scratch.path(),
+                pid_file: &pid_file,
+                log: &log,
+            })?
             .spawn()
             .map_err(|e| Error::io("run crun exec in", self.container_dir(&id), e))?;
         let mut running = Running { child, pause_pid, pid_file, finished: false };
@@ -130,31 +139,7 @@ fn interpret(
     Ok(ExecOutput { stdout: stdout.bytes, stderr: stderr.bytes, exit_code })
 }
 
-impl Runtime {
-    /// Writes the OCI process an exec runs into `scratch`: the container's own (user, groups,
-    /// capabilities, `no_new_privs`, environment, working directory), with `cmd` as its
-    /// arguments, so an exec'd command has exactly the container's privileges.
-    pub(crate) fn exec_process(
-        &self,
-        id: &str,
-        cmd: &[String],
-        tty: bool,
-        scratch: &std::path::Path,
-    ) -> Result<PathBuf> {
-        let config_path = self.container_dir(id).join("bundle/config.json");
-        let text = std::fs::read(&config_path).map_err(|e| Error::io("read", &config_path, e))?;
-        let config: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| Error::io("parse", &config_path, std::io::Error::other(e.to_string())))?;
-        let mut process = config.get("process").cloned().unwrap_or_default();
-        process["args"] = serde_json::json!(cmd);
-        process["terminal"] = serde_json::json!(tty);
-        let path = scratch.join("process.json");
-        let bytes = serde_json::to_vec(&process)
-            .map_err(|e| Error::io("encode", &path, std::io::Error::other(e.to_string())))?;
-        std::fs::write(&path, bytes).map_err(|e| Error::io("write", &path, e))?;
-        Ok(path)
-    }
-}
+impl Runtime {}
 
 /// The command's exit code from crun's: its own, or a shell's 127/126 when crun could not
 /// start it; any other failure of crun's (it wrote to its log) is an error.

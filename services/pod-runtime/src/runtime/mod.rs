@@ -2,16 +2,18 @@
 //! and the exits hpk-pause reports.
 
 mod container;
-mod dispatch;
 mod error;
 mod events;
 mod exec;
+mod images;
 mod network;
 mod record;
 mod recover;
 mod sandbox;
 mod seccomp_default;
 mod security;
+#[cfg(test)]
+mod sequence_tests;
 mod stats;
 mod stream;
 mod sub_path;
@@ -32,7 +34,7 @@ pub use stream::Sessions;
 pub use sub_path::SUB_PATH_ROOTS;
 pub use unmapped::NOT_HONOURED_KEY;
 
-use crate::engine::Crun;
+use crate::engine::Engine;
 use crate::idmap::IdMappings;
 use crate::images::ImageStore;
 
@@ -55,13 +57,28 @@ pub struct Config {
     pub shim_binary: PathBuf,
     /// Where pods get their address; loopback only when `None`.
     pub network: Option<PodNetwork>,
-    /// The engine running sandboxes and containers (see `dispatch.rs`).
-    pub engine: crate::engine::Engine,
     /// Where pods' logs go when the kubelet is on another machine (connector mode): its
     /// `log_directory` names a directory of its own filesystem, so the runtime keeps the last
     /// component under this directory instead, and creates it.
     pub pod_logs_root: Option<PathBuf>,
+    /// Called with a pod's UID once its last sandbox is removed (what a remote kubelet stored
+    /// for the pod goes then, see `crate::remote::files`).
+    pub on_pod_removed: Option<PodRemoved>,
 }
+
+/// A hook called with a pod's UID once its last sandbox is removed; best effort.
+#[derive(Clone)]
+pub struct PodRemoved(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for PodRemoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PodRemoved(..)")
+    }
+}
+
+/// The directory under the runtime's root that holds files a remote kubelet stored for pods
+/// (volumes' contents), which subPath mounts may come from.
+pub const POD_FILES: &str = "pod-files";
 
 /// A sandbox the runtime manages.
 #[derive(Debug)]
@@ -123,7 +140,8 @@ pub(crate) struct State {
 #[derive(Debug)]
 pub struct Runtime {
     pub(crate) config: Config,
-    pub(crate) crun: Crun,
+    /// The engine running sandboxes and containers.
+    pub(crate) engine: Arc<dyn Engine>,
     pub(crate) images: ImageStore,
     pub(crate) state: Mutex<State>,
     /// Container and sandbox lifecycle events for GetContainerEvents subscribers.
@@ -138,8 +156,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over `images`, keeping state under `config.root`; crun runs through `crun`.
-    pub fn new(config: Config, crun: Crun, images: ImageStore) -> Result<Arc<Self>> {
+    /// A runtime over `images`, keeping state under `config.root`, running pods with `engine`.
+    pub fn new(config: Config, engine: Arc<dyn Engine>, images: ImageStore) -> Result<Arc<Self>> {
         for dir in ["sandboxes", "containers", "crun", "ev"] {
             let path = config.root.join(dir);
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
@@ -150,7 +168,7 @@ impl Runtime {
             .ok();
         Ok(Arc::new(Self {
             config,
-            crun,
+            engine,
             images,
             state: Mutex::new(State::default()),
             events,
@@ -199,15 +217,6 @@ impl Runtime {
         &self.images
     }
 
-    /// crun for a container of the sandbox whose pause is `pause_pid`: inside its PID namespace
-    /// while that pause lives (see [`Crun::in_pid_namespace`]), else plain — a container of a
-    /// stopped sandbox can still be inspected and deleted.
-    pub(crate) fn crun_for(&self, pause_pid: u32) -> Crun {
-        let cmdline = std::fs::read(format!("/proc/{pause_pid}/cmdline")).unwrap_or_default();
-        let alive = String::from_utf8_lossy(&cmdline).contains("hpk-pause");
-        if alive { self.crun.in_pid_namespace(pause_pid) } else { self.crun.clone() }
-    }
-
     /// The directory of a sandbox's events socket, kept short: a UNIX socket path has at most
     /// 107 bytes, and a sandbox directory holds a 64-digit ID.
     pub(crate) fn events_dir(&self, id: &str) -> PathBuf {
@@ -230,7 +239,7 @@ impl Runtime {
 
     /// Where a remote kubelet's files for its pods are stored (connector mode).
     pub(crate) fn pod_files(&self) -> PathBuf {
-        self.config.root.join(crate::remote::files::POD_FILES)
+        self.config.root.join(POD_FILES)
     }
 }
 

@@ -59,7 +59,7 @@ impl Runtime {
                     if let Err(e) = outcome {
                         warn!(sandbox = %id, error = %e, "unreadable sandbox record; removing the sandbox");
                     }
-                    let _ = self.engine_delete_sandbox(&id);
+                    let _ = self.engine.delete_sandbox(&id);
                     let _ = std::fs::remove_dir_all(&dir);
                     let _ = std::fs::remove_dir_all(self.events_dir(&id));
                     found.removed += 1;
@@ -84,8 +84,8 @@ impl Runtime {
                             0
                         }
                     };
-                    let _ = self.engine_delete_container(&id, pause_pid);
-                    let _ = self.engine_unmount(&dir);
+                    let _ = self.engine.delete_container(&id, &dir, pause_pid);
+                    let _ = self.engine.unmount(&dir);
                     let _ = super::sub_path::remove_container_dir(&dir);
                     found.removed += 1;
                 }
@@ -122,7 +122,7 @@ impl Runtime {
     /// Whether the sandbox's pause still runs as the same process.
     fn pause_alive(&self, id: &str, pause_pid: u32) -> Result<bool> {
         let running =
-            self.engine_sandbox_state(id)?.is_some_and(|s| s.status == "running" && s.pid == pause_pid);
+            self.engine.sandbox_state(id)?.is_some_and(|s| s.status == "running" && s.pid == pause_pid);
         let cmdline = std::fs::read(format!("/proc/{pause_pid}/cmdline")).unwrap_or_default();
         Ok(running && String::from_utf8_lossy(&cmdline).contains("hpk-pause"))
     }

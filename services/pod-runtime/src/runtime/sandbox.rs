@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tracing::{info, warn};
 
 use super::{Error, Result, Runtime, Sandbox, labels_match, new_id, now_nanos, resolve};
-use crate::engine::SandboxSpec;
+use crate::engine::{SandboxSpec, Signal};
 
 /// How long a new sandbox's pause may take to report readiness.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,7 +73,7 @@ impl Runtime {
                 if let Some(network) = &self.config.network {
                     let _ = network.detach(&id).await;
                 }
-                let _ = self.engine_delete_sandbox(&id);
+                let _ = self.engine.delete_sandbox(&id);
                 let _ = std::fs::remove_dir_all(self.sandbox_dir(&id));
                 let _ = std::fs::remove_dir_all(self.events_dir(&id));
                 Err(err)
@@ -106,7 +106,7 @@ impl Runtime {
             host_ipc: namespaces.host_ipc,
             sysctls: namespaces.sysctls,
         };
-        self.engine_start_sandbox(&spec, &dir)?;
+        self.engine.start_sandbox(&spec, &dir)?;
         let ready = async {
             let (stream, _) = listener.accept().await.map_err(|e| Error::io("accept on", &socket, e))?;
             let mut reader = BufReader::new(stream);
@@ -120,11 +120,11 @@ impl Runtime {
         let stream = tokio::time::timeout(READY_TIMEOUT, ready).await.map_err(|_| {
             Error::Timeout(format!("hpk-pause of sandbox {id} not ready within {READY_TIMEOUT:?}"))
         })??;
-        let pid = self.engine_sandbox_pid(id, &dir)?.ok_or_else(|| {
+        let pid = self.engine.sandbox_pid(id, &dir)?.ok_or_else(|| {
             Error::FailedPrecondition(format!("sandbox {id} has no pause process after start"))
         })?;
         // Containers talk over localhost whatever else the sandbox gets.
-        self.engine_loopback_up(pid)?;
+        self.engine.loopback_up(pid)?;
         // The pod's address from the net-forwarder, unless the pod uses the host's network.
         let ip = match &self.config.network {
             Some(network) if !host_network => Some(network.attach(id, &format!("/proc/{pid}/ns/net")).await?),
@@ -163,12 +163,12 @@ impl Runtime {
         for container in containers {
             self.stop_container(&container, 0).await?;
         }
-        if self.engine_sandbox_state(&id)?.is_some_and(|s| s.status == "running") {
-            self.engine_kill_sandbox(&id, "TERM")?;
+        if self.engine.sandbox_state(&id)?.is_some_and(|s| s.status == "running") {
+            self.engine.kill_sandbox(&id, Signal::Term)?;
             let deadline = Duration::from_secs(u64::from(self.config.pause_grace_seconds) + 5);
             if !self.wait_stopped(&id, deadline).await? {
                 warn!(sandbox = %id, "pause did not stop; killing it");
-                self.engine_kill_sandbox(&id, "KILL")?;
+                self.engine.kill_sandbox(&id, Signal::Kill)?;
                 self.wait_stopped(&id, Duration::from_secs(5)).await?;
             }
         }
@@ -183,7 +183,7 @@ impl Runtime {
     async fn wait_stopped(&self, id: &str, within: Duration) -> Result<bool> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            if self.engine_sandbox_state(id)?.is_none_or(|s| s.status != "running") {
+            if self.engine.sandbox_state(id)?.is_none_or(|s| s.status != "running") {
                 return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -204,7 +204,7 @@ impl Runtime {
         for container in containers {
             self.remove_container(&container).await?;
         }
-        self.engine_delete_sandbox(&id)?;
+        self.engine.delete_sandbox(&id)?;
         for dir in [self.sandbox_dir(&id), self.events_dir(&id)] {
             std::fs::remove_dir_all(&dir)
                 .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
@@ -218,21 +218,10 @@ impl Runtime {
         });
         drop(state);
         info!(sandbox = %id, "sandbox removed");
-        if let Some(uid) = last_of_pod {
-            self.remove_pod_files(&uid);
+        if let (Some(uid), Some(hook)) = (last_of_pod, &self.config.on_pod_removed) {
+            (hook.0)(&uid);
         }
         Ok(())
-    }
-
-    /// Removes what a remote kubelet stored for the pod (`crate::remote::files`) once its last
-    /// sandbox is gone. Best effort: the sandbox is removed either way.
-    fn remove_pod_files(&self, uid: &str) {
-        let pod_files = self.pod_files();
-        match crate::remote::files::remove_pod(&pod_files, uid) {
-            // A UID that is not one cannot have files stored.
-            Ok(()) | Err(crate::remote::Error::Invalid(_)) => {}
-            Err(error) => warn!(pod = uid, %error, "cannot remove the pod's files"),
-        }
     }
 
     pub(crate) async fn resolve_sandbox(&self, wanted: &str) -> Result<String> {

@@ -11,13 +11,7 @@ use serde_json::{Value, json};
 use super::{Error, Result, seccomp_default};
 use crate::engine::{ALL_CAPS, DEFAULT_CAPS, Security};
 
-/// Who a container's process runs as.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct User {
-    pub(crate) uid: u32,
-    pub(crate) gid: u32,
-    pub(crate) additional_gids: Vec<u32>,
-}
+pub(crate) use crate::engine::User;
 
 fn security_context(config: &cri::ContainerConfig) -> Option<&cri::LinuxContainerSecurityContext> {
     config.linux.as_ref().and_then(|l| l.security_context.as_ref())

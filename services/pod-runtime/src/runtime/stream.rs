@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use super::{Error, Result, Runtime};
+use crate::engine::ExecIn;
 use crate::logshim::frame;
 
 /// How long crun gets to hand over a terminal.
@@ -83,7 +84,7 @@ impl Runtime {
             return Err(Error::Invalid("Exec needs a command".into()));
         }
         check_streams(req.tty, req.stdin, req.stdout, req.stderr)?;
-        self.engine_check_tty(req.tty)?;
+        self.engine.check_tty(req.tty)?;
         self.running_container(&req.container_id).await.map(drop)
     }
 
@@ -149,7 +150,9 @@ impl Runtime {
         io: Io,
     ) -> Result<i32> {
         let (pid_file, log) = (scratch.join("pid"), scratch.join("crun.log"));
-        let mut command = self.engine_exec(id, pause_pid, cmd, scratch, &pid_file, &log)?;
+        let dir = self.container_dir(id);
+        let exec = ExecIn { id, dir: &dir, pause_pid, cmd, scratch, pid_file: &pid_file, log: &log };
+        let mut command = self.engine.exec(exec)?;
         command.stdin(if io.stdin.is_some() { Stdio::piped() } else { Stdio::null() }).kill_on_drop(true);
         let mut child =
             command.spawn().map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;
@@ -196,9 +199,11 @@ impl Runtime {
         let receive = tokio::task::spawn_blocking(move || {
             listener.accept().and_then(|(conn, _)| crate::logshim::receive_fd(&conn))
         });
+        let dir = self.container_dir(id);
+        let exec = ExecIn { id, dir: &dir, pause_pid, cmd, scratch, pid_file: &pid_file, log: &log };
         let status = self
-            .crun_for(pause_pid)
-            .exec_detached_tty(id, &self.exec_process(id, cmd, true, scratch)?, &pid_file, &log, &console)
+            .engine
+            .exec_tty(exec, &console)?
             .status()
             .await
             .map_err(|e| Error::io("run crun exec in", self.container_dir(id), e))?;

@@ -27,6 +27,7 @@
 //! holding `,` or `:` (its `--bind` syntax), environment names that are not shell
 //! identifiers (its environment goes through a shell), terminals (no console socket).
 
+mod engine;
 mod procs;
 #[cfg(test)]
 mod tests;
@@ -42,6 +43,7 @@ use super::spec::{EVENTS_DIR, PAUSE_PATH, SandboxSpec};
 use super::{ContainerState, Error, Result};
 use crate::images::Credentials;
 
+pub use engine::ApptainerEngine;
 pub use procs::{ProcessInfo, container_process, find_pause, find_pause_in, host_pid_in, process_tree, scan};
 
 /// The host environment variables an apptainer invocation keeps; everything else, and every

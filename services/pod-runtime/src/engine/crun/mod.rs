@@ -1,4 +1,5 @@
-//! Invoking crun: create, start, state, kill, delete.
+//! The crun engine: [`Crun`] invokes crun (create, start, state, kill, delete); [`CrunEngine`]
+//! is the [`super::Engine`] built on it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,10 @@ use serde::Deserialize;
 
 use super::error::run;
 use super::{Error, Result};
+
+mod engine;
+
+pub use engine::CrunEngine;
 
 /// crun with our global options: a private state directory and no cgroup manager.
 #[derive(Clone, Debug)]
