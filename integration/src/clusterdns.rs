@@ -13,11 +13,11 @@ use crate::controlplane::ControlPlane;
 use crate::registry::{Client, Registry};
 use crate::{Error, Result};
 
-pub use hpk::addons::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, COREDNS_MANIFEST as MANIFEST, KUBERNETES_SERVICE_IP};
+pub use hpk_cluster::addons::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, COREDNS_MANIFEST as MANIFEST, KUBERNETES_SERVICE_IP};
 
-/// The product's CoreDNS manifest ([`hpk::addons::coredns_manifest`]) for `image`.
+/// The product's CoreDNS manifest ([`hpk_cluster::addons::coredns_manifest`]) for `image`.
 pub fn manifest(image: &str) -> Result<String> {
-    Ok(hpk::addons::coredns_manifest(image)?)
+    Ok(hpk_cluster::addons::coredns_manifest(image)?)
 }
 
 /// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).

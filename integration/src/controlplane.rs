@@ -15,7 +15,7 @@ use crate::pki::{ClusterPki, write_kubeconfig};
 use crate::process::Process;
 use crate::{Error, Result};
 
-pub use hpk::addons::{CLUSTER_CIDR, SERVICE_CIDR};
+pub use hpk_cluster::addons::{CLUSTER_CIDR, SERVICE_CIDR};
 /// The API server's port on its host.
 pub const API_PORT: u16 = 6443;
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -106,7 +106,7 @@ impl ControlPlane {
             "hpk-test",
             &[IpAddr::V4(host.ip)],
             service_ip,
-            hpk::pki::Validity::for_lifetime(Duration::from_secs(3600)),
+            hpk_cluster::pki::Validity::for_lifetime(Duration::from_secs(3600)),
         )?;
         let api_url = format!("https://{}:{API_PORT}", host.ip);
         let admin_kubeconfig = dir.path().join("admin.kubeconfig");
@@ -133,10 +133,10 @@ impl ControlPlane {
         let ip = self.host.ip.to_string();
 
         // The control-plane host's own loopback, with TLS and client certificates as in a bubble.
-        self.spawn("etcd", &hpk::controlplane::etcd_args(&self.pki, "controlplane", &d.join("etcd")))?;
+        self.spawn("etcd", &hpk_cluster::controlplane::etcd_args(&self.pki, "controlplane", &d.join("etcd")))?;
 
         let mut apiserver_args =
-            hpk::controlplane::apiserver_args(&self.pki, &d.join("apiserver"), &ip, &ip, API_PORT);
+            hpk_cluster::controlplane::apiserver_args(&self.pki, &d.join("apiserver"), &ip, &ip, API_PORT);
         // Straight to an aggregated API's endpoints: the control-plane host runs no kube-proxy.
         apiserver_args.push("--enable-aggregator-routing=true".into());
         self.spawn("kube-apiserver", &apiserver_args)?;
@@ -157,7 +157,7 @@ impl ControlPlane {
             &cm,
         )?;
         let server_ca = self.pki.server_ca().clone();
-        let cm_args = hpk::controlplane::controller_manager_args(
+        let cm_args = hpk_cluster::controlplane::controller_manager_args(
             &self.pki,
             &cm_kubeconfig,
             &d.join("controller-manager"),
@@ -168,7 +168,7 @@ impl ControlPlane {
         let sched_kubeconfig = d.join("scheduler.kubeconfig");
         let sched = self.pki.client_cert("scheduler", "system:kube-scheduler", &[])?;
         write_kubeconfig(&sched_kubeconfig, &self.api_url, &server_ca.cert, "scheduler", &sched)?;
-        let sched_args = hpk::controlplane::scheduler_args(&sched_kubeconfig, &d.join("scheduler"), &ip);
+        let sched_args = hpk_cluster::controlplane::scheduler_args(&sched_kubeconfig, &d.join("scheduler"), &ip);
         self.spawn("kube-scheduler", &sched_args)?;
 
         for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)]

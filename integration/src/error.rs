@@ -82,7 +82,7 @@ pub enum Error {
     Kubeconfig(String),
     /// What the harness shares with the `hpk` command (the PKI, the add-ons) failed.
     #[error("{0}")]
-    Hpk(#[from] hpk::Error),
+    Cluster(#[from] hpk_cluster::Error),
 }
 
 /// Result with this crate's [`Error`].

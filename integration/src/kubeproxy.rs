@@ -26,13 +26,13 @@ use crate::pki::write_kubeconfig;
 use crate::process::Process;
 use crate::{Error, Result};
 
-pub use hpk::addons::{
+pub use hpk_cluster::addons::{
     KUBE_PROXY_HEALTHZ as HEALTHZ_ADDRESS, KUBE_PROXY_METRICS as METRICS_ADDRESS, KUBE_PROXY_USER as USER,
 };
 
-/// The flags for kube-proxy on node `node` (the product's, [`hpk::addons::kube_proxy_args`]).
+/// The flags for kube-proxy on node `node` (the product's, [`hpk_cluster::addons::kube_proxy_args`]).
 pub fn args(node: &str, node_ip: Ipv4Addr, kubeconfig: &Path) -> Vec<String> {
-    hpk::addons::kube_proxy_args(node, node_ip, kubeconfig)
+    hpk_cluster::addons::kube_proxy_args(node, node_ip, kubeconfig)
 }
 
 /// Writes the kubeconfig kube-proxy uses (a `system:kube-proxy` client certificate from the

@@ -258,21 +258,7 @@ pub fn node_token(key: &str, node: &str) -> String {
 
 /// Writes `contents` to `path` atomically (a temporary file renamed over it) with `mode`.
 pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    // A new file has the mode asked (less the umask) from its first moment; one left by a
-    // killed run of this PID could have another, so it goes first.
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(|e| Error::io("create", tmp.display(), e))?;
-    file.write_all(contents).map_err(|e| Error::io("write", tmp.display(), e))?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", path.display(), e))
+    Ok(hpk_cluster::files::write_file(path, contents, mode)?)
 }
 
 /// Makes `path` a symbolic link to `target` atomically (a link made beside it, renamed over

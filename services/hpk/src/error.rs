@@ -64,6 +64,16 @@ pub enum Error {
     Kube(#[from] kube::Error),
 }
 
+impl From<hpk_cluster::Error> for Error {
+    fn from(e: hpk_cluster::Error) -> Self {
+        match e {
+            hpk_cluster::Error::Io { action, what, source } => Self::Io { action, what, source },
+            hpk_cluster::Error::Invalid(why) => Self::Invalid(why),
+            hpk_cluster::Error::Certificate(e) => Self::Certificate(e),
+        }
+    }
+}
+
 impl Error {
     /// An [`Error::Io`].
     pub fn io(action: &'static str, what: impl std::fmt::Display, source: std::io::Error) -> Self {

@@ -212,7 +212,7 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
 /// The launcher's namespaces (see [`ids`]): a user namespace of its own unless it is root on
 /// the host, then a private mount namespace with the hybrid cgroup v2 tree hidden.
 fn enter_namespaces() -> Result<ids::IdMode> {
-    use hpk_pod_runtime::engine::{CgroupMode, enter_private_mount_namespace};
+    use hpk_oci::{CgroupMode, enter_private_mount_namespace};
     let mode = if nix::unistd::getuid().is_root() { ids::IdMode::HostRoot } else { ids::enter()? };
     if let Err(e) = enter_private_mount_namespace()
         && CgroupMode::detect() == CgroupMode::Hybrid

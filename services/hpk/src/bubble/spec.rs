@@ -105,7 +105,7 @@ fn nofile_hard() -> u64 {
 }
 
 fn base_config(spec: &BubbleSpec<'_>) -> Value {
-    let caps: Vec<&str> = hpk_pod_runtime::engine::ALL_CAPS.to_vec();
+    let caps: Vec<&str> = hpk_oci::ALL_CAPS.to_vec();
     let maps = |m: &[IdMap]| {
         m.iter()
             .map(|m| json!({"containerID": m.inside, "hostID": m.outside, "size": m.count}))

@@ -17,26 +17,24 @@ use std::path::{Path, PathBuf};
 use crate::images::{Credentials, ImageRecord};
 
 pub mod apptainer;
-mod cgroups;
 pub mod crun;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 mod logs;
-mod mountns;
 mod rootfs;
 mod spec;
 pub mod sub_path;
 
 pub use apptainer::{Apptainer, ApptainerEngine};
-pub use cgroups::{CgroupMode, limits_not_enforced};
+// The host-level set-up (hpk-oci), shared with the bubble launcher.
+pub use hpk_oci::{ALL_CAPS, CgroupMode, DEFAULT_CAPS, MountNamespace, enter_private_mount_namespace, limits_not_enforced};
 pub use crun::{ContainerState, Crun, CrunEngine, Stdio3};
 pub(crate) use error::run as run_command;
 pub use error::{Error, Result};
 pub use logs::{LogStream, copy_lines, write_cri_line};
-pub use mountns::{MountNamespace, enter_private_mount_namespace};
 pub use rootfs::Overlay;
-pub use spec::{ALL_CAPS, ContainerSpec, DEFAULT_CAPS, Mount, Propagation, SandboxSpec, Security, User};
+pub use spec::{ContainerSpec, Mount, Propagation, SandboxSpec, Security, User};
 
 /// The engine `--engine` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

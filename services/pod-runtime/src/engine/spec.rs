@@ -5,29 +5,13 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::{Error, Result};
+use hpk_oci::{DEFAULT_CAPS, DEFAULT_MASKED, DEFAULT_READONLY};
 
 /// Where the pause binary and the events socket appear inside a sandbox.
 pub const PAUSE_PATH: &str = "/hpk-pause";
 /// The directory holding the sandbox's events socket, inside the sandbox.
 pub const EVENTS_DIR: &str = "/run/hpk";
 
-/// The capabilities pod containers get by default, as containerd and CRI-O grant them.
-pub const DEFAULT_CAPS: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
 
 /// Who a container's process runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -298,67 +282,8 @@ fn bind_mount(m: &Mount) -> Value {
     json!({"destination": m.dest, "type": "bind", "source": m.host, "options": options})
 }
 
-/// Paths masked by default, as containerd masks them.
-pub const DEFAULT_MASKED: &[&str] = &[
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/sys/firmware",
-    "/proc/scsi",
-];
 
-/// Paths read-only by default.
-pub const DEFAULT_READONLY: &[&str] =
-    &["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
-/// Every capability the kernel defines (what a privileged container gets).
-pub const ALL_CAPS: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_DAC_READ_SEARCH",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_LINUX_IMMUTABLE",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_NET_BROADCAST",
-    "CAP_NET_ADMIN",
-    "CAP_NET_RAW",
-    "CAP_IPC_LOCK",
-    "CAP_IPC_OWNER",
-    "CAP_SYS_MODULE",
-    "CAP_SYS_RAWIO",
-    "CAP_SYS_CHROOT",
-    "CAP_SYS_PTRACE",
-    "CAP_SYS_PACCT",
-    "CAP_SYS_ADMIN",
-    "CAP_SYS_BOOT",
-    "CAP_SYS_NICE",
-    "CAP_SYS_RESOURCE",
-    "CAP_SYS_TIME",
-    "CAP_SYS_TTY_CONFIG",
-    "CAP_MKNOD",
-    "CAP_LEASE",
-    "CAP_AUDIT_WRITE",
-    "CAP_AUDIT_CONTROL",
-    "CAP_SETFCAP",
-    "CAP_MAC_OVERRIDE",
-    "CAP_MAC_ADMIN",
-    "CAP_SYSLOG",
-    "CAP_WAKE_ALARM",
-    "CAP_BLOCK_SUSPEND",
-    "CAP_AUDIT_READ",
-    "CAP_PERFMON",
-    "CAP_BPF",
-    "CAP_CHECKPOINT_RESTORE",
-];
 
 fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|e| Error::io("create", path, e))

@@ -1,7 +1,7 @@
 //! HPK's own gRPC contracts, one module per `hpk.<service>.v1` package.
 //!
 //! The pod-runtime speaks CRI v1 through the `k8s-cri` crate; everything else HPK's services say
-//! to each other is defined under `proto/hpk` and generated here at build time.
+//! to each other is defined under `crates/proto/hpk` and generated here at build time.
 
 /// `hpk.certsigner.v1`: the controller's kubelet certificate signer.
 pub mod certsigner {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{CgroupMode, Error, Result};
+use crate::{CgroupMode, Error, Result};
 
 /// A process holding a private mount namespace prepared for crun; killed (by PID) on drop.
 #[derive(Debug)]
@@ -53,7 +53,7 @@ impl MountNamespace {
                 });
             }
             if Instant::now() > deadline {
-                return Err(Error::Parse("mount namespace holder not ready within 10 s".into()));
+                return Err(Error::NotReady("mount namespace holder not ready within 10 s"));
             }
             std::thread::sleep(Duration::from_millis(5));
         }

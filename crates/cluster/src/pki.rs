@@ -281,7 +281,7 @@ pub fn write_secret(path: &Path, contents: &str) -> Result<()> {
 /// Created with its final mode (never readable by others for a moment, whatever the umask
 /// and the directory: review L17) and renamed into place.
 fn write(path: &Path, contents: &str, mode: u32) -> Result<()> {
-    crate::cluster::write_file(path, contents.as_bytes(), mode)
+    crate::files::write_file(path, contents.as_bytes(), mode)
 }
 
 /// Writes a kubeconfig for `server` trusting `ca`, authenticating with `client` (0600).

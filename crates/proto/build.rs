@@ -1,4 +1,4 @@
-//! Compiles the contracts under `proto/hpk` with protox (pure Rust), so no system `protoc` is
+//! Compiles the contracts under `crates/proto/hpk` with protox (pure Rust), so no system `protoc` is
 //! needed, and writes the file descriptor set that server reflection serves.
 
 use std::path::PathBuf;
