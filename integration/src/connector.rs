@@ -58,7 +58,7 @@ impl RuntimeBubble {
         pod_cidr: &str,
         connector: &str,
     ) -> Result<Self> {
-        let host = cp.network().host(name).cloned().ok_or_else(|| Error::Missing {
+        let host = cp.network().host(name).cloned().ok_or_else(|| Error::NotFound {
             what: format!("test host {name}"),
             hint: "create it with the control plane".into(),
         })?;
@@ -97,9 +97,10 @@ impl RuntimeBubble {
             }
             launcher.check_alive()?;
             if std::time::Instant::now() > deadline {
-                return Err(Error::Missing {
-                    what: format!("{} within 120 s", endpoint_file.display()),
-                    hint: launcher.log_tail(40),
+                return Err(Error::NotReady {
+                    what: endpoint_file.display().to_string(),
+                    seconds: 120,
+                    detail: launcher.log_tail(40),
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -201,9 +202,10 @@ pub fn issue(
     }
     let out = cmd.output().map_err(|e| Error::io("run", "hpk-cert-signer request", e))?;
     if !out.status.success() {
-        return Err(Error::Missing {
-            what: format!("a {profile} certificate for {node}"),
-            hint: String::from_utf8_lossy(&out.stderr).into_owned(),
+        return Err(Error::Command {
+            command: format!("hpk-cert-signer request (a {profile} certificate for {node})"),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
     Ok((cert, key))

@@ -24,12 +24,22 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A prerequisite is missing.
+    /// A prerequisite of the machine (a tool, a user, a kernel feature, a built binary) is
+    /// missing: the only error [`crate::skip_unless_available`] skips on.
     #[error("{what} not found: {hint}")]
     Missing {
         /// The missing thing.
         what: String,
         /// How to get it.
+        hint: String,
+    },
+    /// Something the harness made or was told of is not there (a misuse of the harness, or
+    /// a step that failed): never a reason to skip.
+    #[error("{what} not found: {hint}")]
+    NotFound {
+        /// What was looked up.
+        what: String,
+        /// Why it may be missing.
         hint: String,
     },
     /// No free private subnet or name was found for a test network.

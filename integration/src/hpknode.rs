@@ -75,7 +75,7 @@ pub struct HpkNode {
 impl HpkNode {
     /// Starts the node's three services on test host `name` of `cp`, state under `dir`.
     pub fn start(cp: &ControlPlane, name: &str, dir: &Path, options: &NodeOptions) -> Result<Self> {
-        let host = cp.network().host(name).cloned().ok_or_else(|| Error::Missing {
+        let host = cp.network().host(name).cloned().ok_or_else(|| Error::NotFound {
             what: format!("test host {name}"),
             hint: "create it with the control plane".into(),
         })?;
@@ -213,7 +213,7 @@ impl HpkNode {
     /// error if the node runs none or it exits.
     pub fn wait_kube_proxy(&mut self, within: std::time::Duration) -> Result<()> {
         let host = self.host.clone();
-        let process = self.kube_proxy.as_mut().ok_or_else(|| Error::Missing {
+        let process = self.kube_proxy.as_mut().ok_or_else(|| Error::NotFound {
             what: format!("kube-proxy on {}", host.name),
             hint: "start the node with NodeOptions::kube_proxy".into(),
         })?;

@@ -28,36 +28,35 @@ pub mod registry;
 pub mod slurm;
 
 pub use error::{Error, Result};
+// What every crate's tests share (waiting, skips, manifests), for tests that already use the
+// harness.
+pub use hpk_test_support::{eventually, eventually_blocking, manifest, skip};
 
-/// Whether a test that lacks a prerequisite must fail (the README's test command sets
-/// `HPK_REQUIRE_TOOLS=1`) rather than skip. Prints why when it skips.
+/// `found`'s value; or, when a prerequisite is missing ([`Error::Missing`]), `None` after
+/// [`hpk_test_support::skip`] (which fails the test under `HPK_REQUIRE_TOOLS=1`). Any other
+/// error fails the test: a harness that breaks is not a machine that lacks a tool.
 pub fn skip_unless_available<T>(found: Result<T>) -> Option<T> {
     match found {
         Ok(value) => Some(value),
-        Err(e) if std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1") => {
-            eprintln!("SKIPPED: {e}");
+        Err(e @ Error::Missing { .. }) => {
+            hpk_test_support::skip(e);
             None
         }
-        Err(e) => panic!("prerequisite missing (HPK_REQUIRE_TOOLS=1): {e}"),
+        Err(e) => panic!("the harness failed (not a missing prerequisite): {e}"),
     }
 }
 
-/// Whether `tools` are on PATH and busybox-static (the test images' shell) is installed.
-/// Prints what is missing and returns false (the test then skips), or panics when
-/// HPK_REQUIRE_TOOLS=1 (the test command sets it, after `scripts/setup.sh` installed them).
+/// Whether `tools` are on PATH and busybox-static (the test images' shell) is installed; when
+/// not, [`hpk_test_support::skip`]s naming what is missing (failing under `HPK_REQUIRE_TOOLS=1`).
 pub fn tools_present(tools: &[&str]) -> bool {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    let mut missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    let mut missing = hpk_test_support::missing_tools(tools);
     if !std::path::Path::new(image::BUSYBOX).is_file() {
         missing.push("busybox-static");
     }
     if missing.is_empty() {
         return true;
     }
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "missing {missing:?}");
-    eprintln!("SKIPPED: missing {missing:?} (scripts/setup.sh installs them)");
+    hpk_test_support::skip(format!("missing {missing:?} (scripts/setup.sh installs them)"));
     false
 }
 
@@ -73,9 +72,7 @@ pub fn release_bundle() -> Option<std::path::PathBuf> {
     if path.is_file() {
         return Some(path);
     }
-    let why = format!("no release bundle at {} (make dist PROFILE=debug)", path.display());
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
-    eprintln!("SKIPPED: {why}");
+    hpk_test_support::skip(format!("no release bundle at {} (make dist PROFILE=debug)", path.display()));
     None
 }
 
@@ -89,8 +86,6 @@ pub fn bubble_image() -> Option<std::path::PathBuf> {
     if path.join("index.json").is_file() {
         return Some(path);
     }
-    let why = format!("no hpk-bubble image at {} (make images)", path.display());
-    assert!(std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"), "{why}");
-    eprintln!("SKIPPED: {why}");
+    hpk_test_support::skip(format!("no hpk-bubble image at {} (make images)", path.display()));
     None
 }

@@ -473,7 +473,7 @@ impl SlurmCluster {
     /// node (10,200) is bind-mounted over it in the node's mount namespace, which job steps
     /// started there from now on see.
     pub fn deny_tun(&self, i: usize) -> Result<()> {
-        let node = self.nodes.get(i).ok_or_else(|| Error::Missing {
+        let node = self.nodes.get(i).ok_or_else(|| Error::NotFound {
             what: format!("node index {i}"),
             hint: format!("the cluster has {} nodes", self.nodes.len()),
         })?;

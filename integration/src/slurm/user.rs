@@ -52,7 +52,7 @@ impl SlurmUser {
             let range = format!("{start}-{}", start + SUBORDINATE_COUNT - 1);
             passwd_command(&["usermod", "--add-subuids", &range, "--add-subgids", &range, name])?;
         }
-        let user = nix::unistd::User::from_name(name).ok().flatten().ok_or_else(|| Error::Missing {
+        let user = nix::unistd::User::from_name(name).ok().flatten().ok_or_else(|| Error::NotFound {
             what: format!("user {name}"),
             hint: "useradd made no entry".into(),
         });

@@ -25,10 +25,7 @@ fn bubble() -> Option<Bubble> {
             .expect("chmod 0666 /dev/net/tun");
     }
     if mode.is_err() {
-        if std::env::var("HPK_REQUIRE_TOOLS").as_deref() == Ok("1") {
-            panic!("prerequisite missing and HPK_REQUIRE_TOOLS=1: /dev/net/tun does not exist");
-        }
-        println!("SKIPPED: /dev/net/tun does not exist (modprobe tun)");
+        hpk_test_support::skip("/dev/net/tun does not exist (modprobe tun)");
         return None;
     }
     Some(bubble)

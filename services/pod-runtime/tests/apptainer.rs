@@ -18,10 +18,8 @@ fn apptainer_on_path() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crictl_runs_a_pod_with_the_apptainer_engine() {
     if !apptainer_on_path() {
-        eprintln!(
-            "SKIPPED: apptainer not on PATH (optional engine; HPK_REQUIRE_TOOLS does not require it; \
-             install Apptainer to run this test — its invocations are unit-tested regardless)"
-        );
+        hpk_test_support::skipped("apptainer not on PATH (optional engine; HPK_REQUIRE_TOOLS does not require it; \
+             install Apptainer to run this test — its invocations are unit-tested regardless)");
         return;
     }
     if !tools_present(&["crictl", "docker-registry", "nsenter"]) {
@@ -100,7 +98,7 @@ async fn crictl_runs_a_pod_with_the_apptainer_engine() {
 #[test]
 fn asking_for_apptainer_without_it_fails_clearly() {
     if apptainer_on_path() {
-        eprintln!("SKIPPED: apptainer is on PATH; this checks the refusal without it");
+        hpk_test_support::skipped("apptainer is on PATH; this checks the refusal without it");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -394,11 +394,7 @@ mod tests {
             let err = ensure_private(&theirs).expect_err("another user's").to_string();
             assert!(err.contains("belongs to UID 61001"), "{err}");
         } else {
-            assert!(
-                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
-                "other users' directories need root to make"
-            );
-            eprintln!("SKIPPED in part: other users' directories need root to make");
+            hpk_test_support::skip("in part: other users' directories need root to make");
         }
     }
 
@@ -455,11 +451,7 @@ mod tests {
             std::os::unix::fs::chown(&job, Some(61001), Some(61001)).expect("chown");
             assert_eq!(choose_base(&c(Some(&job), Some(&runtime))), runtime.join("hpk"));
         } else {
-            assert!(
-                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
-                "other users' directories need root to make"
-            );
-            eprintln!("SKIPPED in part: other users' directories need root to make");
+            hpk_test_support::skip("in part: other users' directories need root to make");
         }
     }
 
@@ -486,11 +478,7 @@ mod tests {
             let err = verify_private(&dir).expect_err("another user's").to_string();
             assert!(err.contains("belongs to UID 61001"), "{err}");
         } else {
-            assert!(
-                std::env::var("HPK_REQUIRE_TOOLS").as_deref() != Ok("1"),
-                "another user's directory needs root to make"
-            );
-            eprintln!("SKIPPED in part: another user's directory needs root to make");
+            hpk_test_support::skip("in part: another user's directory needs root to make");
         }
     }
 

@@ -128,7 +128,7 @@ mod tests {
         }
         assert_eq!(unowned.kept, 3);
         if unowned.no_xattrs {
-            eprintln!("SKIPPED: /var/tmp takes no user xattrs");
+            hpk_test_support::skipped("/var/tmp takes no user xattrs");
             return;
         }
         assert_eq!(unowned.recorded, 2, "the symlink has none");

@@ -181,7 +181,7 @@ fn a_wrong_diff_id_is_refused_and_leaves_nothing() {
 #[test]
 fn owners_are_kept_when_root() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: owners are only kept when running as root");
+        hpk_test_support::skipped("owners are only kept when running as root");
         return;
     }
     let f = Fixture::new();
