@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hpk_cert_signer::config::parse_duration;
+use hpk_rpc::flags::parse_duration;
 
 use k8s_openapi::api::core::v1::Taint;
 

@@ -2,12 +2,16 @@
 //! in connector mode, one mutual-TLS channel to a runtime on another machine, with
 //! `hpk.podruntime.v1.Remote` beside CRI and the streaming sessions over the same port.
 
+mod client;
+#[cfg(test)]
+pub mod fake;
+
+pub use client::{CriCall, CriClient, CriError, CriFailure, CriFuture};
+
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hpk_proto::podruntime::v1::remote_client::RemoteClient;
-use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use rustls_pki_types::ServerName;
@@ -102,21 +106,5 @@ impl Cri {
             .max_encoding_message_size(16 << 20);
         let stream = StreamLink { authority: authority.to_string(), server_name, tls };
         Ok(Self { runtime, images, remote: Some(Remote { api, stream }) })
-    }
-
-    /// Runs `cmd` in container `id` and waits at most `timeout` (whole seconds, at least 1).
-    pub async fn exec_sync(
-        &self,
-        id: &str,
-        cmd: Vec<String>,
-        timeout: Duration,
-    ) -> Result<cri::ExecSyncResponse, tonic::Status> {
-        let request = cri::ExecSyncRequest {
-            container_id: id.to_owned(),
-            cmd,
-            timeout: i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX),
-        };
-        let mut runtime = self.runtime.clone();
-        Ok(runtime.exec_sync(request).await?.into_inner())
     }
 }

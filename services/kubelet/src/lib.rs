@@ -20,7 +20,7 @@ pub mod probes;
 pub mod quantity;
 pub mod remote_files;
 mod server;
-pub mod spec;
+pub mod cri_config;
 pub mod volumes;
 
 pub use error::{Error, Result};

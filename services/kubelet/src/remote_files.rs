@@ -19,27 +19,72 @@ use crate::cri::Remote;
 /// The most a pod's one mount may carry (the runtime's message limit is 16 MiB).
 const MAX_BYTES: u64 = 15 << 20;
 
+/// Why a mount's files could not be sent to the remote runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    /// A path that is not UTF-8 (the runtime's API carries strings).
+    #[error("{}: not UTF-8", .0.display())]
+    NotUtf8(PathBuf),
+    /// A link whose target is not UTF-8.
+    #[error("{}: link target not UTF-8", .0.display())]
+    LinkNotUtf8(PathBuf),
+    /// Reading the tree failed.
+    #[error("{path}: {source}")]
+    Read {
+        /// What was read.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reading task ended without an answer.
+    #[error("reading {path}: {reason}")]
+    Task {
+        /// What was read.
+        path: String,
+        /// Why the task ended.
+        reason: String,
+    },
+    /// The tree is larger than is sent.
+    #[error("{} holds more than {} MiB, more than is sent to a remote runtime", .0.display(), MAX_BYTES >> 20)]
+    TooLarge(PathBuf),
+    /// A socket, device or pipe.
+    #[error("{}: neither a file, a directory nor a link", .0.display())]
+    Special(PathBuf),
+    /// The runtime refused the files.
+    #[error("sending {} to the remote runtime: {message}", .path.display())]
+    Send {
+        /// The local path.
+        path: PathBuf,
+        /// The runtime's message.
+        message: String,
+    },
+}
+
 /// `mounts` with every path under `pod_dir` replaced by the runtime's copy of it.
 pub async fn ship(
     remote: &Remote,
     pod_uid: &str,
     pod_dir: &Path,
     mut mounts: Vec<cri::Mount>,
-) -> Result<Vec<cri::Mount>, String> {
+) -> Result<Vec<cri::Mount>, ShipError> {
     for mount in &mut mounts {
         let local = PathBuf::from(&mount.host_path);
         let Ok(relative) = local.strip_prefix(pod_dir) else { continue };
-        let key = relative.to_str().ok_or_else(|| format!("{}: not UTF-8", local.display()))?.to_owned();
+        let key = relative.to_str().ok_or_else(|| ShipError::NotUtf8(local.clone()))?.to_owned();
         let (directory, entries) = {
             let local = local.clone();
             tokio::task::spawn_blocking(move || read_tree(&local))
                 .await
-                .map_err(|e| format!("reading {}: {e}", mount.host_path))??
+                .map_err(|e| ShipError::Task { path: mount.host_path.clone(), reason: e.to_string() })??
         };
         let request = PutFilesRequest { pod_uid: pod_uid.to_owned(), key, directory, entries };
-        let answer = remote.api.clone().put_files(request).await.map_err(|status| {
-            format!("sending {} to the remote runtime: {}", local.display(), status.message())
-        })?;
+        let answer = remote
+            .api
+            .clone()
+            .put_files(request)
+            .await
+            .map_err(|status| ShipError::Send { path: local.clone(), message: status.message().to_owned() })?;
         mount.host_path = answer.into_inner().path;
     }
     Ok(mounts)
@@ -47,8 +92,8 @@ pub async fn ship(
 
 /// The tree at `root` (followed if it is a link) as entries: whether it is a directory, and
 /// its files, links and directories relative to it (one entry with an empty path for a file).
-pub fn read_tree(root: &Path) -> Result<(bool, Vec<FileEntry>), String> {
-    let io = |path: &Path, e: std::io::Error| format!("{}: {e}", path.display());
+pub fn read_tree(root: &Path) -> Result<(bool, Vec<FileEntry>), ShipError> {
+    let io = |path: &Path, source: std::io::Error| ShipError::Read { path: path.to_owned(), source };
     let meta = std::fs::metadata(root).map_err(|e| io(root, e))?;
     let mut total = 0u64;
     if !meta.is_dir() {
@@ -73,13 +118,12 @@ pub fn read_tree(root: &Path) -> Result<(bool, Vec<FileEntry>), String> {
         for name in names {
             let relative = dir.join(&name);
             let path = root.join(&relative);
-            let text = relative.to_str().ok_or_else(|| format!("{}: not UTF-8", path.display()))?.to_owned();
+            let text = relative.to_str().ok_or_else(|| ShipError::NotUtf8(path.clone()))?.to_owned();
             let meta = std::fs::symlink_metadata(&path).map_err(|e| io(&path, e))?;
             let mode = meta.permissions().mode() & 0o7777;
             let kind = if meta.file_type().is_symlink() {
                 let target = std::fs::read_link(&path).map_err(|e| io(&path, e))?;
-                let target =
-                    target.to_str().ok_or_else(|| format!("{}: link target not UTF-8", path.display()))?;
+                let target = target.to_str().ok_or_else(|| ShipError::LinkNotUtf8(path.clone()))?;
                 file_entry::Kind::Symlink(target.to_owned())
             } else if meta.is_dir() {
                 pending.push(relative.clone());
@@ -87,15 +131,11 @@ pub fn read_tree(root: &Path) -> Result<(bool, Vec<FileEntry>), String> {
             } else if meta.is_file() {
                 total += meta.len();
                 if total > MAX_BYTES {
-                    return Err(format!(
-                        "{} holds more than {} MiB, more than is sent to a remote runtime",
-                        root.display(),
-                        MAX_BYTES >> 20
-                    ));
+                    return Err(ShipError::TooLarge(root.to_owned()));
                 }
                 file_entry::Kind::Content(std::fs::read(&path).map_err(|e| io(&path, e))?)
             } else {
-                return Err(format!("{}: neither a file, a directory nor a link", path.display()));
+                return Err(ShipError::Special(path));
             };
             entries.push(FileEntry { path: text, kind: Some(kind), mode });
         }
@@ -151,7 +191,7 @@ mod tests {
         assert!(!directory);
         assert_eq!(entries.len(), 1);
         assert!(entries[0].path.is_empty());
-        let err = read_tree(&dir.path().join("gone")).expect_err("missing");
+        let err = read_tree(&dir.path().join("gone")).expect_err("missing").to_string();
         assert!(err.contains("gone"), "{err}");
     }
 }

@@ -15,7 +15,7 @@ use crate::events::Events;
 use crate::node::{self, NodeConfig};
 use crate::objects::ApiObjects;
 use crate::pods::{self, Context};
-use crate::spec::DnsSettings;
+use crate::cri_config::DnsSettings;
 
 /// How long start-up waits for the runtime's socket to answer.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
@@ -67,6 +67,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
 
     let ctx = Arc::new(Context {
         client: client.clone(),
+        runtime: Arc::new(cri.clone()),
         cri,
         objects: ApiObjects::new(client.clone()),
         events: Events::new(client.clone(), &node_name),

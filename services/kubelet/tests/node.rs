@@ -85,14 +85,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    hpk_integration::eventually(what, timeout, &mut probe, String::new).await
 }
 
 fn ready_condition(node: &Node) -> Option<(String, String)> {

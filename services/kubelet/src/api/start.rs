@@ -6,9 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hpk_cert_signer::Profile;
-use hpk_cert_signer::client::{CertRequest, SignerClient, keep_renewed};
-use hpk_cert_signer::policy::San;
+use hpk_signer_client::{CertRequest, Profile, San, SignerClient, keep_renewed};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -161,7 +159,7 @@ async fn serving_certificate(
             let identity = identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
             let mut client = SignerClient::connect_as(&url, &ca, &token, None, identity).await?;
             let creds = client.request(&request).await?;
-            Ok::<_, hpk_cert_signer::Error>((client, creds))
+            Ok::<_, hpk_signer_client::Error>((client, creds))
         };
         match attempt.await {
             Ok(done) => break done,
@@ -203,8 +201,8 @@ fn read(path: &Path, flag: &str) -> Result<Vec<u8>> {
 }
 
 /// The signer answered and said no (token, policy): retrying cannot help.
-fn is_refusal(e: &hpk_cert_signer::Error) -> bool {
-    matches!(e, hpk_cert_signer::Error::Refused(status)
+fn is_refusal(e: &hpk_signer_client::Error) -> bool {
+    matches!(e, hpk_signer_client::Error::Refused(status)
         if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
             | tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition))
 }

@@ -6,7 +6,36 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::quantity;
+use crate::quantity::{self, InvalidQuantity};
+
+/// A request of the pod that does not parse.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestsError {
+    /// A container's request or limit.
+    #[error("container {container}: {resource}: {source}")]
+    Container {
+        /// The container.
+        container: String,
+        /// cpu, memory, nvidia.com/gpu.
+        resource: &'static str,
+        /// The quantity.
+        #[source]
+        source: InvalidQuantity,
+    },
+    /// The pod's overhead.
+    #[error(transparent)]
+    Overhead(#[from] InvalidQuantity),
+}
+
+/// Why a pod was not admitted: the kubelet's reason (OutOfcpu …) and message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct Rejection {
+    /// OutOfcpu, OutOfmemory, OutOfpods, UnexpectedAdmissionError.
+    pub reason: String,
+    /// What did not fit.
+    pub message: String,
+}
 
 /// CPU and memory one pod asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,15 +50,19 @@ pub struct Requests {
 
 /// The pod's effective requests: the larger of the sum over its containers and the largest
 /// init container (init containers run one at a time), plus its overhead.
-pub fn requests(pod: &Pod) -> Result<Requests, String> {
+pub fn requests(pod: &Pod) -> Result<Requests, RequestsError> {
     let Some(spec) = pod.spec.as_ref() else { return Ok(Requests::default()) };
-    let of = |c: &k8s_openapi::api::core::v1::Container| -> Result<Requests, String> {
+    let of = |c: &k8s_openapi::api::core::v1::Container| -> Result<Requests, RequestsError> {
         let r = c.resources.as_ref();
         let pick = |name: &str| {
             r.and_then(|r| r.requests.as_ref().and_then(|m| m.get(name)))
                 .or_else(|| r.and_then(|r| r.limits.as_ref().and_then(|m| m.get(name))))
         };
-        let bad = |name: &str, e: quantity::InvalidQuantity| format!("container {}: {name}: {e}", c.name);
+        let bad = |resource: &'static str, source: InvalidQuantity| RequestsError::Container {
+            container: c.name.clone(),
+            resource,
+            source,
+        };
         Ok(Requests {
             millicpu: pick("cpu")
                 .map(quantity::millicores)
@@ -65,10 +98,10 @@ pub fn requests(pod: &Pod) -> Result<Requests, String> {
         match name.as_str() {
             "cpu" => {
                 sum.millicpu =
-                    sum.millicpu.saturating_add(quantity::millicores(q).map_err(|e| e.to_string())?)
+                    sum.millicpu.saturating_add(quantity::millicores(q)?)
             }
             "memory" => {
-                sum.memory = sum.memory.saturating_add(quantity::units(q).map_err(|e| e.to_string())?)
+                sum.memory = sum.memory.saturating_add(quantity::units(q)?)
             }
             _ => {}
         }
@@ -98,7 +131,7 @@ pub struct Admitted {
 impl Admitted {
     /// Admits pod `uid` asking `req` if it fits in `alloc` beside the others; otherwise the
     /// reason (OutOfcpu …) and message of the rejection.
-    pub fn admit(&mut self, uid: &str, req: Requests, alloc: Allocatable) -> Result<(), (String, String)> {
+    pub fn admit(&mut self, uid: &str, req: Requests, alloc: Allocatable) -> Result<(), Rejection> {
         if self.pods.contains_key(uid) {
             return Ok(());
         }
@@ -116,12 +149,12 @@ impl Admitted {
                     "nvidia.com/gpu" => "UnexpectedAdmissionError".to_owned(),
                     other => format!("OutOf{other}"),
                 };
-                return Err((
+                return Err(Rejection {
                     reason,
-                    format!(
+                    message: format!(
                         "Pod was rejected: Node didn't have enough resource: {name}, requested: {asked}, used: {in_use}, capacity: {capacity}"
                     ),
-                ));
+                });
             }
         }
         self.pods.insert(uid.to_owned(), req);
@@ -178,7 +211,7 @@ mod tests {
     fn requests_sum_containers_and_take_the_larger_init() {
         assert_eq!(requests(&pod("500m", None)), Ok(Requests { millicpu: 600, memory: 64 << 20, gpus: 0 }));
         assert_eq!(requests(&pod("500m", Some("2"))).map(|r| r.millicpu), Ok(2000));
-        assert!(requests(&pod("lots", None)).expect_err("bad quantity").contains("container a: cpu"));
+        assert!(requests(&pod("lots", None)).expect_err("bad quantity").to_string().contains("container a: cpu"));
     }
 
     #[test]
@@ -187,11 +220,11 @@ mod tests {
         let mut admitted = Admitted::default();
         let r = Requests { millicpu: 1500, memory: 0, gpus: 0 };
         admitted.admit("1", r, alloc).expect("fits");
-        let (reason, message) = admitted.admit("2", r, alloc).expect_err("cpu");
+        let Rejection { reason, message } = admitted.admit("2", r, alloc).expect_err("cpu");
         assert_eq!(reason, "OutOfcpu");
         assert!(message.contains("requested: 1500, used: 1500, capacity: 2000"), "{message}");
         admitted.admit("3", Requests::default(), alloc).expect("fits: no requests");
-        assert_eq!(admitted.admit("4", Requests::default(), alloc).expect_err("pods").0, "OutOfpods");
+        assert_eq!(admitted.admit("4", Requests::default(), alloc).expect_err("pods").reason, "OutOfpods");
         admitted.release("1");
         admitted.admit("2", r, alloc).expect("fits after release");
     }

@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::worker::{self, Msg};
 use super::{Adopted, Context, key};
+use crate::cri::CriError;
 
 /// The kubelet's pods until `shutdown`; pods keep running when it ends.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), tonic::Status> {
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), CriError> {
     let mut adopted = list_runtime(&ctx).await?;
     tracing::info!(pods = adopted.len(), "runtime listed");
     let workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>> = Arc::default();
@@ -161,12 +162,9 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 const HPKTAINER_LABEL: &str = "hpk.io/hpktainer";
 
 /// Sandboxes and containers the runtime has, by pod UID.
-async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, tonic::Status> {
-    let mut runtime = ctx.cri.runtime.clone();
-    let sandboxes =
-        runtime.list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items;
-    let containers =
-        runtime.list_containers(cri::ListContainersRequest { filter: None }).await?.into_inner().containers;
+async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, CriError> {
+    let sandboxes = ctx.runtime.list_pod_sandbox().await?;
+    let containers = ctx.runtime.list_containers().await?;
     let mut by_uid: HashMap<String, Adopted> = HashMap::new();
     let mut uid_of_sandbox = HashMap::new();
     for sandbox in sandboxes {
@@ -191,15 +189,11 @@ async fn list_runtime(ctx: &Context) -> Result<HashMap<String, Adopted>, tonic::
 
 /// Removes what is left of a pod the API no longer has.
 async fn remove_orphan(ctx: &Context, uid: &str, orphan: Adopted) {
-    let mut runtime = ctx.cri.runtime.clone();
     for sandbox in orphan.sandboxes {
         tracing::info!(uid = %uid, sandbox = %sandbox.id, "removing the sandbox of a deleted pod");
-        let _ =
-            runtime.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.id.clone() }).await;
-        if let Err(status) =
-            runtime.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.id }).await
-        {
-            tracing::warn!(uid = %uid, error = %status.message(), "removing an orphaned sandbox failed");
+        let _ = ctx.runtime.stop_pod_sandbox(&sandbox.id).await;
+        if let Err(error) = ctx.runtime.remove_pod_sandbox(&sandbox.id).await {
+            tracing::warn!(uid = %uid, %error, "removing an orphaned sandbox failed");
         }
     }
     if let Err(error) = crate::volumes::remove(&ctx.pod_dir(uid)) {

@@ -1,14 +1,20 @@
-//! The pods bound to this node: one worker (a typed state machine, `worker.rs`) per pod,
-//! created from a watch of `spec.nodeName=<node>`, fed the runtime's container events, and
-//! re-adopting what the runtime still runs after a restart (`manager.rs`).
+//! The pods bound to this node: one worker per pod, created from a watch of
+//! `spec.nodeName=<node>`, fed the runtime's container events, and re-adopting what the
+//! runtime still runs after a restart (`manager.rs`). A worker (`worker.rs`) asks the pure
+//! `plan.rs` what to do and carries it out over the [`CriClient`](crate::cri::CriClient)
+//! (`sandbox.rs`, `containers.rs`, `terminate.rs`); failed steps go through one policy
+//! (`error.rs`).
 
 pub mod admission;
 pub mod backoff;
 mod containers;
+pub mod error;
 pub mod manager;
+pub mod plan;
 pub mod pull;
 pub mod record;
 mod report;
+mod sandbox;
 pub mod status;
 mod terminate;
 pub mod worker;
@@ -24,14 +30,16 @@ use crate::cri::Cri;
 use crate::events::Events;
 use crate::node::NodeState;
 use crate::objects::ApiObjects;
-use crate::spec::DnsSettings;
+use crate::cri_config::DnsSettings;
 
 /// What every pod worker shares.
 pub struct Context {
     /// The API as the node.
     pub client: kube::Client,
-    /// The runtime.
+    /// The runtime, for what is not the worker's (streaming, stats, events, remote files).
     pub cri: Cri,
+    /// The runtime as the pod workers, their probes and the manager call it.
+    pub runtime: std::sync::Arc<dyn crate::cri::CriClient>,
     /// ConfigMaps, Secrets, tokens … as the node.
     pub objects: ApiObjects,
     /// Events to the API.

@@ -6,7 +6,8 @@ use std::time::Instant;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::cri::Cri;
+use super::error::{RETRY_CONTAINER, Reason, Retry, StepError};
+use crate::cri::CriClient;
 use crate::objects::ObjectSource;
 
 /// An image ready to run.
@@ -23,12 +24,23 @@ pub struct Ready {
 }
 
 /// Why an image is not ready; `reason` is what the container's waiting state shows.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
 pub struct NotReady {
     /// ErrImagePull, ErrImageNeverPull, InvalidImageName.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// What went wrong.
     pub message: String,
+}
+
+impl NotReady {
+    /// The worker's error: a failed pull is tried again after the image's back-off, a wrong
+    /// name or policy after a while.
+    pub fn into_step_error(self) -> StepError {
+        let retry =
+            if self.reason == Reason::ErrImagePull { Retry::BackOff } else { Retry::After(RETRY_CONTAINER) };
+        StepError::new(self.reason, self.message, retry)
+    }
 }
 
 /// The pull policy in force: the spec's, else Always for `:latest` or no tag, else IfNotPresent.
@@ -63,7 +75,7 @@ pub fn registry_of(image: &str) -> &str {
 
 /// Looks the image up, pulling it as the policy says.
 pub async fn ensure(
-    cri: &Cri,
+    runtime: &dyn CriClient,
     objects: &impl ObjectSource,
     pod: &Pod,
     container: &Container,
@@ -72,31 +84,28 @@ pub async fn ensure(
     let image = container.image.clone().unwrap_or_default();
     if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
         return Err(NotReady {
-            reason: "InvalidImageName",
+            reason: Reason::InvalidImageName,
             message: format!("invalid image name {image:?}"),
         });
     }
     let spec = cri::ImageSpec { image: image.clone(), ..cri::ImageSpec::default() };
-    let present = status(cri, &spec).await;
+    let present = status(runtime, &spec).await;
     let policy = policy(container);
     if let Some(ready) = present.clone().filter(|_| policy != "Always") {
         return Ok(ready);
     }
     if policy == "Never" {
         return Err(NotReady {
-            reason: "ErrImageNeverPull",
+            reason: Reason::ErrImageNeverPull,
             message: format!("Container image {image:?} is not present with pull policy of Never"),
         });
     }
     on_pulling();
     let auth = credentials(objects, pod, registry_of(&image)).await;
     let started = Instant::now();
-    let request = cri::PullImageRequest { image: Some(spec.clone()), auth, sandbox_config: None };
-    let mut images = cri.images.clone();
-    match images.pull_image(request).await {
-        Ok(answer) => {
-            let image_ref = answer.into_inner().image_ref;
-            let found = status(cri, &spec).await;
+    match runtime.pull_image(spec.clone(), auth).await {
+        Ok(image_ref) => {
+            let found = status(runtime, &spec).await;
             Ok(Ready {
                 image_ref: if image_ref.is_empty() { image } else { image_ref },
                 uid: found.as_ref().and_then(|f| f.uid),
@@ -104,17 +113,15 @@ pub async fn ensure(
                 pulled_in: Some(started.elapsed()),
             })
         }
-        Err(status) => Err(NotReady {
-            reason: "ErrImagePull",
-            message: format!("failed to pull image {image:?}: {}", status.message()),
+        Err(error) => Err(NotReady {
+            reason: Reason::ErrImagePull,
+            message: format!("failed to pull image {image:?}: {}", error.message()),
         }),
     }
 }
 
-async fn status(cri: &Cri, spec: &cri::ImageSpec) -> Option<Ready> {
-    let mut images = cri.images.clone();
-    let request = cri::ImageStatusRequest { image: Some(spec.clone()), verbose: false };
-    let image = images.image_status(request).await.ok()?.into_inner().image?;
+async fn status(runtime: &dyn CriClient, spec: &cri::ImageSpec) -> Option<Ready> {
+    let image = runtime.image_status(spec.clone()).await.ok()??;
     Some(Ready {
         image_ref: image.id.clone(),
         uid: image.uid.map(|u| u.value),

@@ -74,6 +74,8 @@ pub struct ContainerRecord {
     pub restart_backoff: Backoff,
     /// Image-pull back-off.
     pub pull_backoff: Backoff,
+    /// The liveness or startup probe that failed while it runs: the worker kills it.
+    pub failed_probe: Option<crate::probes::ProbeKind>,
 }
 
 impl ContainerRecord {
@@ -97,6 +99,7 @@ impl ContainerRecord {
             started: false,
             restart_backoff: Backoff::default(),
             pull_backoff: Backoff::default(),
+            failed_probe: None,
         }
     }
 

@@ -9,13 +9,14 @@ use tokio::time::Instant;
 use super::lock;
 use super::record::State;
 use super::status;
-use super::worker::{RETRY, Step, Worker};
+use super::error::RETRY;
+use super::worker::{Step, Worker};
 
 impl Worker {
     /// Pushes the status when it changed (times aside); keeps the diagnostics summary current.
     pub(super) async fn report(&mut self) {
         self.summarize();
-        if self.step == Step::Terminated || (self.deleted && self.step == Step::Terminating) {
+        if self.state.step == Step::Terminated || (self.state.deleted && self.state.step == Step::Terminating) {
             return;
         }
         let mut pod = (*self.pod).clone();
@@ -29,17 +30,17 @@ impl Worker {
             }
             status.conditions = Some(conditions);
         }
-        let ips = self.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default();
+        let ips = self.state.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default();
         let node = self.ctx.node.borrow().clone();
         let view = status::View {
-            phase: self.phase,
-            reason: self.reason.clone(),
-            sandbox_ready: self.sandbox.as_ref().is_some_and(|s| s.ready),
-            initialized: self.initialized,
+            phase: self.state.phase,
+            reason: self.state.reason.clone(),
+            sandbox_ready: self.state.sandbox.as_ref().is_some_and(|s| s.ready),
+            initialized: self.state.initialized,
             pod_ips: &ips,
             host_ip: &self.ctx.host_ip,
-            start_time: self.start_time,
-            containers: &self.containers,
+            start_time: self.state.start_time,
+            containers: &self.state.containers,
             node_not_ready: (!node.ready).then_some(node.message.as_str()),
         };
         let computed = status::compute(&pod, &view, Timestamp::now());
@@ -67,11 +68,12 @@ impl Worker {
             namespace: self.namespace().to_owned(),
             name: self.name().to_owned(),
             uid: self.uid.clone(),
-            state: format!("{:?}", self.step),
-            phase: self.phase.as_str().to_owned(),
-            sandbox_id: self.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
-            pod_ip: self.sandbox.as_ref().and_then(|s| s.ips.first().cloned()).unwrap_or_default(),
+            state: format!("{:?}", self.state.step),
+            phase: self.state.phase.as_str().to_owned(),
+            sandbox_id: self.state.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
+            pod_ip: self.state.sandbox.as_ref().and_then(|s| s.ips.first().cloned()).unwrap_or_default(),
             containers: self
+                .state
                 .containers
                 .iter()
                 .map(|c| {
@@ -91,7 +93,7 @@ impl Worker {
                     }
                 })
                 .collect(),
-            message: self.message.clone(),
+            message: self.state.message.clone(),
         };
         lock(&self.ctx.summaries).insert(self.uid.clone(), summary);
     }

@@ -1,6 +1,7 @@
-//! One pod's worker: a state machine driven by the pod's spec (from the watch), the runtime's
-//! container events and the probes. Each wake-up runs `sync`, which takes the next step the
-//! state allows, then reports the status if it changed.
+//! One pod's worker: it keeps the pod's [`PodState`], asks [`plan`] what to do whenever
+//! something changes (the pod's spec from the watch, the runtime's container events, the
+//! probes, a timer), carries the actions out, then reports the status if it changed. Failed
+//! steps go through one policy (`Worker::on_error`, `error.rs`).
 //!
 //! ```text
 //! Admitting → PreparingVolumes → CreatingSandbox → Initializing (init containers in order)
@@ -9,28 +10,27 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use super::record::{ContainerRecord, State};
+use super::error::{Reason, Retry, StepError};
+use super::plan::{self, Action, PodState};
 use super::status::Phase;
 use super::{Adopted, Context, admission, key, lock};
 use crate::events::Kind;
 use crate::probes::{ProbeKind, ProbeReport};
 use crate::volumes::PodVolumes;
 
-/// How often configMap, secret, projected and downwardAPI volumes are re-read.
-const VOLUME_REFRESH: Duration = Duration::from_secs(20);
-/// Retry after a failed step that has no back-off of its own (volumes, a status update).
-pub(super) const RETRY: Duration = Duration::from_secs(5);
-/// The grace a pod gets when its API object vanished without one (a force delete).
-pub(super) const VANISHED_GRACE: i64 = 2;
+pub use super::plan::Step;
+
+/// The most rounds of planning one wake-up takes (each round's steps make progress; this only
+/// bounds a mistake).
+const MAX_ROUNDS: usize = 16;
 
 /// What the manager tells a worker.
 #[derive(Debug)]
@@ -44,60 +44,33 @@ pub enum Msg {
     Runtime,
 }
 
-/// Where the worker is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    /// Checking the pod fits.
-    Admitting,
-    /// Setting up volumes.
-    PreparingVolumes,
-    /// Creating the sandbox.
-    CreatingSandbox,
-    /// Running init containers.
-    Initializing,
-    /// Running the containers.
-    Running,
-    /// Every container ended and none restarts.
-    Completed,
-    /// Stopping everything.
-    Terminating,
-    /// Done; the worker ends.
-    Terminated,
-}
-
-/// The pod's sandbox.
-pub(super) struct Sandbox {
-    pub id: String,
-    pub config: cri::PodSandboxConfig,
-    pub ips: Vec<String>,
-    pub ready: bool,
-}
-
 /// One pod's worker.
 pub struct Worker {
     pub(super) ctx: Arc<Context>,
     pub(super) pod: Arc<Pod>,
     pub(super) uid: String,
     pub(super) key: String,
-    pub(super) step: Step,
-    pub(super) phase: Phase,
-    pub(super) reason: Option<(String, String)>,
-    pub(super) admitted: bool,
+    /// What `plan` decides from.
+    pub(super) state: PodState,
     pub(super) volumes: Option<PodVolumes>,
-    pub(super) volumes_refreshed: Instant,
-    pub(super) sandbox: Option<Sandbox>,
-    pub(super) sandbox_attempt: u32,
-    pub(super) sandbox_backoff: super::backoff::Backoff,
-    pub(super) initialized: bool,
-    pub(super) containers: Vec<ContainerRecord>,
     pub(super) probes: std::collections::HashMap<String, CancellationToken>,
     pub(super) probe_tx: mpsc::Sender<ProbeReport>,
-    pub(super) start_time: Option<Timestamp>,
-    pub(super) deleted: bool,
-    pub(super) message: String,
     pub(super) wake: Option<Instant>,
     pub(super) reported: Option<serde_json::Value>,
     pub(super) last_conditions: Vec<k8s_openapi::api::core::v1::PodCondition>,
+}
+
+/// What an executed action lets the worker do next in this wake-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Flow {
+    /// Nothing changes (a timer was set).
+    Idle,
+    /// Containers were started or restarted: decide the phase on what they became.
+    Settle,
+    /// The state moved on: plan again.
+    Replan,
+    /// Wait for the next wake-up.
+    Stop,
 }
 
 /// Runs the worker of `pod` until the pod is gone; `adopted` is what a previous kubelet left.
@@ -115,7 +88,7 @@ pub async fn run(
     loop {
         worker.sync().await;
         worker.report().await;
-        if worker.step == Step::Terminated {
+        if worker.state.step == Step::Terminated {
             break;
         }
         let wake = worker.wake;
@@ -144,56 +117,15 @@ pub async fn run(
 
 impl Worker {
     fn new(ctx: Arc<Context>, pod: Arc<Pod>, probe_tx: mpsc::Sender<ProbeReport>) -> Self {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let spec = pod.spec.clone().unwrap_or_default();
-        let mut containers: Vec<ContainerRecord> = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .map(|c| ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), true))
-            .collect();
-        containers.extend(
-            spec.containers
-                .iter()
-                .map(|c| ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), false)),
-        );
-        // Restart counts survive a kubelet restart through the API's view.
-        if let Some(s) = pod.status.as_ref() {
-            for cs in s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
-            {
-                if let Some(r) = containers.iter_mut().find(|r| r.name == cs.name) {
-                    r.restart_count = u32::try_from(cs.restart_count).unwrap_or(0);
-                }
-            }
-        }
-        let initialized = spec.init_containers.as_ref().is_none_or(Vec::is_empty);
-        let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some("Succeeded") => Phase::Succeeded,
-            Some("Failed") => Phase::Failed,
-            _ => Phase::Pending,
-        };
-        let start_time = pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0);
         Self {
             key: key(&pod),
-            uid,
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            state: PodState::new(&pod),
             ctx,
             pod,
-            step: if phase.terminal() { Step::Completed } else { Step::Admitting },
-            phase,
-            reason: None,
-            admitted: false,
             volumes: None,
-            volumes_refreshed: Instant::now(),
-            sandbox: None,
-            sandbox_attempt: 0,
-            sandbox_backoff: super::backoff::Backoff::default(),
-            initialized,
-            containers,
             probes: std::collections::HashMap::new(),
             probe_tx,
-            start_time,
-            deleted: false,
-            message: String::new(),
             wake: None,
             reported: None,
             last_conditions: Vec::new(),
@@ -208,11 +140,6 @@ impl Worker {
         } else {
             spec.containers.iter().find(|c| c.name == name).cloned()
         }
-    }
-
-    /// The pod's restartPolicy.
-    fn restart_policy(&self) -> &str {
-        self.pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always")
     }
 
     /// Wakes the worker at `at` at the latest.
@@ -238,7 +165,7 @@ impl Worker {
                 }
                 self.pod = pod;
             }
-            Msg::Deleted => self.deleted = true,
+            Msg::Deleted => self.state.deleted = true,
             Msg::Runtime => self.refresh().await,
         }
     }
@@ -254,44 +181,214 @@ impl Worker {
         let condition_differs = self.last_conditions.iter().any(|ours| {
             theirs.iter().find(|c| c.type_ == ours.type_).is_none_or(|c| c.status != ours.status)
         });
-        condition_differs || status.phase.as_deref() != Some(self.phase.as_str())
+        condition_differs || status.phase.as_deref() != Some(self.state.phase.as_str())
     }
 
-    /// Takes the next steps the pod's state allows.
+    /// Plans and carries out the pod's next steps until it must wait for something.
     async fn sync(&mut self) {
         self.wake = None;
-        if self.deleted || self.pod.metadata.deletion_timestamp.is_some() {
-            self.terminate().await;
-            return;
-        }
-        if self.phase.terminal() {
-            self.step = Step::Completed;
-            self.stop_sandbox_of_completed_pod().await;
-            return;
-        }
-        if !self.admitted && !self.admit() {
-            return;
-        }
-        if self.start_time.is_none() {
-            self.start_time = Some(Timestamp::now());
-        }
-        if !self.prepare_volumes().await || !self.ensure_sandbox().await {
-            return;
-        }
-        if !self.initialized {
-            self.step = Step::Initializing;
-            if !self.run_init_containers().await {
-                return;
+        for _ in 0..MAX_ROUNDS {
+            let actions = plan::plan(&self.pod, &self.state, Instant::now());
+            let mut flow = Flow::Idle;
+            for action in actions {
+                flow = flow.max(self.step(action).await);
             }
-            self.initialized = true;
+            match flow {
+                Flow::Replan => continue,
+                Flow::Settle => {
+                    // The phase follows what the containers just became, as one step.
+                    let policy = plan::restart_policy(&self.pod);
+                    if let Some(action) = plan::settle(&self.state, policy) {
+                        self.step(action).await;
+                    }
+                    return;
+                }
+                Flow::Idle | Flow::Stop => return,
+            }
         }
-        self.step = Step::Running;
-        self.run_containers().await;
+        tracing::warn!(pod = %self.key, "the pod's steps did not settle; trying again later");
+        self.wake_at(Instant::now() + super::error::RETRY);
+    }
+
+    /// Carries out one action in its span, logging its outcome and latency.
+    async fn step(&mut self, action: Action) -> Flow {
+        if let Action::WakeAt(at) = action {
+            self.wake_at(at);
+            return Flow::Idle;
+        }
+        if let Action::Enter(step) = action {
+            self.state.step = step;
+            return Flow::Idle;
+        }
+        let span = tracing::info_span!("pod_step", pod = %self.key, action = ?action);
+        let started = Instant::now();
+        let result = self.execute(action).instrument(span.clone()).await;
+        let took_ms = started.elapsed().as_millis();
+        span.in_scope(|| match &result {
+            Ok(flow) => tracing::debug!(outcome = ?flow, took_ms, "pod step done"),
+            Err((_, error)) => {
+                tracing::debug!(outcome = "failed", reason = %error.reason, took_ms, "pod step done")
+            }
+        });
+        match result {
+            Ok(flow) => flow,
+            Err((container, error)) => {
+                self.on_error(container, error);
+                Flow::Stop
+            }
+        }
+    }
+
+    /// Carries out `action`; a failure names the container it concerns, if one.
+    async fn execute(&mut self, action: Action) -> Result<Flow, (Option<usize>, StepError)> {
+        let on = |i: usize| move |e: StepError| (Some(i), e);
+        let pod_wide = |e: StepError| (None, e);
+        match action {
+            Action::Terminate { grace } => {
+                self.terminate(grace).await.map_err(pod_wide)?;
+                Ok(Flow::Stop)
+            }
+            Action::Complete { phase } => {
+                if let Some(phase) = phase {
+                    self.state.phase = phase;
+                }
+                self.state.step = Step::Completed;
+                self.stop_sandbox_of_completed_pod().await.map_err(pod_wide)?;
+                Ok(Flow::Stop)
+            }
+            Action::Admit => Ok(if self.admit() { Flow::Replan } else { Flow::Stop }),
+            Action::PrepareVolumes => {
+                self.prepare_volumes().await.map_err(pod_wide)?;
+                Ok(Flow::Replan)
+            }
+            Action::RefreshVolumes => {
+                self.refresh_volumes().await;
+                Ok(Flow::Replan)
+            }
+            Action::ReplaceSandbox => {
+                self.replace_dead_sandbox().await.map_err(pod_wide)?;
+                Ok(Flow::Replan)
+            }
+            Action::CreateSandbox => {
+                self.create_sandbox().await.map_err(pod_wide)?;
+                Ok(Flow::Replan)
+            }
+            Action::InitDone => {
+                self.state.initialized = true;
+                Ok(Flow::Replan)
+            }
+            Action::Start(i) => {
+                self.start_container(i).await.map_err(on(i))?;
+                Ok(self.after_container(i))
+            }
+            Action::Restart { index, reset_backoff } => {
+                self.restart(index, reset_backoff);
+                self.start_container(index).await.map_err(on(index))?;
+                Ok(self.after_container(index))
+            }
+            Action::BackOff { index, delay } => {
+                self.back_off(index, delay);
+                Ok(self.after_container(index))
+            }
+            Action::Kill { index, probe, grace } => {
+                self.kill(index, probe, grace).await;
+                Ok(Flow::Replan)
+            }
+            Action::Running => {
+                self.state.phase = Phase::Running;
+                Ok(Flow::Idle)
+            }
+            Action::WakeAt(at) => {
+                self.wake_at(at);
+                Ok(Flow::Idle)
+            }
+            Action::Enter(step) => {
+                self.state.step = step;
+                Ok(Flow::Idle)
+            }
+        }
+    }
+
+    /// An init container runs alone: after one, wait. The containers settle the phase.
+    fn after_container(&self, i: usize) -> Flow {
+        if self.state.containers.get(i).is_some_and(|c| c.init) { Flow::Stop } else { Flow::Settle }
+    }
+
+    /// The error policy: what a failed step shows (log, event, the container's waiting state,
+    /// the pod's message) and when it is tried again.
+    fn on_error(&mut self, container: Option<usize>, error: StepError) {
+        let StepError { reason, message, retry } = error;
+        let now = Instant::now();
+        let name = container.and_then(|i| self.state.containers.get(i)).map(|c| (c.name.clone(), c.init));
+        let who = name.as_ref().map(|(n, init)| (n.as_str(), *init));
+        tracing::warn!(pod = %self.key, container = ?who.map(|w| w.0), %reason, %message, "pod step failed");
+        match (reason, container) {
+            (Reason::FailedMount | Reason::FailedCreatePodSandBox, _) => {
+                self.event(None, Kind::Warning, reason.as_str(), message.clone());
+                self.state.message = message;
+            }
+            (Reason::SandboxNotRemoved | Reason::FinalDeleteFailed, _) => {}
+            (Reason::ErrImagePull, Some(i)) => self.image_pull_failed(i, &message),
+            (Reason::InvalidImageName | Reason::ErrImageNeverPull, Some(i)) => {
+                self.state.containers[i].wait(reason.as_str(), message);
+                self.event(who, Kind::Warning, "Failed", format!("Error: {reason}"));
+            }
+            (Reason::CreateContainerConfigError | Reason::CreateContainerError, Some(i)) => {
+                self.state.containers[i].wait(reason.as_str(), message.clone());
+                self.event(who, Kind::Warning, "Failed", format!("Error: {message}"));
+                if reason == Reason::CreateContainerConfigError {
+                    self.state.message = message;
+                }
+            }
+            (Reason::RunContainerError, Some(i)) => {
+                self.event(who, Kind::Warning, "Failed", format!("Error: {message}"));
+                if self.state.containers[i].exit().is_none() {
+                    self.state.containers[i].wait(reason.as_str(), message);
+                }
+            }
+            (Reason::FailedPostStartHook, _) => self.event(who, Kind::Warning, reason.as_str(), message),
+            (_, None) => self.state.message = message,
+        }
+        match retry {
+            Retry::After(delay) => self.wake_at(now + delay),
+            Retry::OnChange => {}
+            Retry::BackOff => {
+                let backoff = match (reason, container) {
+                    (Reason::FailedCreatePodSandBox, _) => Some(&mut self.state.sandbox_backoff),
+                    (Reason::ErrImagePull, Some(i)) => Some(&mut self.state.containers[i].pull_backoff),
+                    (_, Some(i)) => Some(&mut self.state.containers[i].restart_backoff),
+                    (_, None) => None,
+                };
+                let until = backoff.and_then(|b| {
+                    b.fail(now);
+                    b.until()
+                });
+                self.wake_at(until.unwrap_or(now + super::error::RETRY));
+            }
+        }
+    }
+
+    /// ErrImagePull the first time, ImagePullBackOff while its back-off lasts.
+    fn image_pull_failed(&mut self, i: usize, message: &str) {
+        let (name, init) = (self.state.containers[i].name.clone(), self.state.containers[i].init);
+        let who = Some((name.as_str(), init));
+        let image = self.state.containers[i].image.clone();
+        let first = self.state.containers[i].pull_backoff.delay().is_zero();
+        let (reason, shown) = if first {
+            ("ErrImagePull", message.to_owned())
+        } else {
+            ("ImagePullBackOff", format!("Back-off pulling image {image:?}: {message}"))
+        };
+        self.state.containers[i].wait(reason, shown);
+        self.event(who, Kind::Warning, "Failed", format!("Failed to pull image {image:?}: {message}"));
+        if !first {
+            self.event(who, Kind::Normal, "BackOff", format!("Back-off pulling image {image:?}"));
+        }
     }
 
     /// Admission: the pod's requests against what the node has left.
     fn admit(&mut self) -> bool {
-        self.step = Step::Admitting;
+        self.state.step = Step::Admitting;
         let verdict = admission::requests(&self.pod)
             .map_err(|e| ("UnexpectedAdmissionError".to_owned(), format!("Pod was rejected: {e}")))
             .and_then(|req| {
@@ -302,58 +399,52 @@ impl Worker {
                     gpus: node.allocatable.gpus,
                     pods: node.allocatable.pods,
                 };
-                lock(&self.ctx.admitted).admit(&self.uid, req, alloc)
+                lock(&self.ctx.admitted).admit(&self.uid, req, alloc).map_err(|r| (r.reason, r.message))
             });
         match verdict {
             Ok(()) => {
-                self.admitted = true;
+                self.state.admitted = true;
+                if self.state.start_time.is_none() {
+                    self.state.start_time = Some(Timestamp::now());
+                }
                 true
             }
             Err((reason, message)) => {
                 tracing::warn!(pod = %self.key, %reason, %message, "pod rejected");
                 self.event(None, Kind::Warning, &reason, message.clone());
-                self.phase = Phase::Failed;
-                self.step = Step::Completed;
-                self.message.clone_from(&message);
-                self.reason = Some((reason, message));
+                self.state.phase = Phase::Failed;
+                self.state.step = Step::Completed;
+                self.state.message.clone_from(&message);
+                self.state.reason = Some((reason, message));
                 false
             }
         }
     }
 
-    /// Sets up the volumes once, and re-reads their sources every [`VOLUME_REFRESH`].
-    async fn prepare_volumes(&mut self) -> bool {
+    /// Sets the volumes up.
+    async fn prepare_volumes(&mut self) -> Result<(), StepError> {
+        self.state.step = Step::PreparingVolumes;
         let ctx = self.volume_context();
-        if let Some(volumes) = self.volumes.as_mut() {
-            if self.volumes_refreshed.elapsed() >= VOLUME_REFRESH {
-                self.volumes_refreshed = Instant::now();
-                if let Err(error) = volumes.refresh(&self.pod, &ctx, &self.ctx.objects).await {
-                    tracing::warn!(pod = %self.key, %error, "volume refresh failed");
-                }
-            }
-            self.wake_at(self.volumes_refreshed + VOLUME_REFRESH);
-            return true;
-        }
-        self.step = Step::PreparingVolumes;
         let dir = self.ctx.pod_dir(&self.uid);
-        match PodVolumes::prepare(&self.pod, &dir, &ctx, &self.ctx.objects).await {
-            Ok(volumes) => {
-                for limit in volumes.unenforced() {
-                    self.event(None, Kind::Normal, "LimitNotEnforced", limit);
-                }
-                self.volumes = Some(volumes);
-                self.volumes_refreshed = Instant::now();
-                self.wake_at(self.volumes_refreshed + VOLUME_REFRESH);
-                true
-            }
-            Err(error) => {
-                let message = crate::node::error_chain(&error);
-                tracing::warn!(pod = %self.key, %message, "volumes not ready");
-                self.event(None, Kind::Warning, "FailedMount", message.clone());
-                self.message = message;
-                self.wake_at(Instant::now() + RETRY);
-                false
-            }
+        let volumes = PodVolumes::prepare(&self.pod, &dir, &ctx, &self.ctx.objects).await.map_err(|error| {
+            StepError::new(Reason::FailedMount, crate::node::error_chain(&error), Retry::After(super::error::RETRY))
+        })?;
+        for limit in volumes.unenforced() {
+            self.event(None, Kind::Normal, "LimitNotEnforced", limit);
+        }
+        self.volumes = Some(volumes);
+        self.state.volumes_refreshed = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Re-reads the volumes' sources (a failure keeps what they hold and is tried next time).
+    async fn refresh_volumes(&mut self) {
+        self.state.volumes_refreshed = Some(Instant::now());
+        let ctx = self.volume_context();
+        if let Some(volumes) = self.volumes.as_mut()
+            && let Err(error) = volumes.refresh(&self.pod, &ctx, &self.ctx.objects).await
+        {
+            tracing::warn!(pod = %self.key, %error, "volume refresh failed");
         }
     }
 
@@ -371,80 +462,10 @@ impl Worker {
         crate::downward::PodFacts {
             node_name: self.ctx.node_name.clone(),
             host_ip: self.ctx.host_ip.clone(),
-            pod_ips: self.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default(),
+            pod_ips: self.state.sandbox.as_ref().map(|s| s.ips.clone()).unwrap_or_default(),
             allocatable_millicpu: node.allocatable.millicpu,
             allocatable_memory: node.allocatable.memory,
             allocatable_ephemeral_storage: node.allocatable.ephemeral_storage,
-        }
-    }
-
-    /// Runs init containers in order; true once every one has completed.
-    async fn run_init_containers(&mut self) -> bool {
-        let now = Instant::now();
-        for i in 0..self.containers.len() {
-            if !self.containers[i].init {
-                continue;
-            }
-            match self.containers[i].state.clone() {
-                State::Terminated(exit) if exit.exit_code == 0 => continue,
-                State::Running { .. } => return false,
-                State::Terminated(_) if self.restart_policy() == "Never" => {
-                    self.phase = Phase::Failed;
-                    self.step = Step::Completed;
-                    self.stop_sandbox_of_completed_pod().await;
-                    return false;
-                }
-                State::Terminated(_) => {
-                    self.restart_after_backoff(i, now).await;
-                    return false;
-                }
-                State::Waiting { .. } => {
-                    self.start_when_due(i, now).await;
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// Starts, keeps or restarts each container by the restart policy; decides the phase.
-    async fn run_containers(&mut self) {
-        let now = Instant::now();
-        let policy = self.restart_policy().to_owned();
-        for i in 0..self.containers.len() {
-            if self.containers[i].init {
-                continue;
-            }
-            match self.containers[i].state.clone() {
-                State::Running { .. } => {}
-                State::Waiting { .. } => self.start_when_due(i, now).await,
-                State::Terminated(exit) => {
-                    let restart = match policy.as_str() {
-                        "Never" => false,
-                        "OnFailure" => exit.exit_code != 0,
-                        _ => true,
-                    };
-                    if restart {
-                        self.restart_after_backoff(i, now).await;
-                    }
-                }
-            }
-        }
-        let mains: Vec<&ContainerRecord> = self.containers.iter().filter(|c| !c.init).collect();
-        let done = mains.iter().all(|c| {
-            c.exit().is_some_and(|e| match policy.as_str() {
-                "Never" => true,
-                "OnFailure" => e.exit_code == 0,
-                _ => false,
-            })
-        });
-        if done && !mains.is_empty() {
-            let failed = mains.iter().any(|c| c.exit().is_some_and(|e| e.exit_code != 0));
-            self.phase = if failed { Phase::Failed } else { Phase::Succeeded };
-            self.step = Step::Completed;
-            self.stop_sandbox_of_completed_pod().await;
-        } else if mains.iter().any(|c| c.running() || c.exit().is_some() || c.restart_count > 0) {
-            self.phase = Phase::Running;
         }
     }
 
@@ -456,45 +477,46 @@ impl Worker {
         self.pod.metadata.name.as_deref().unwrap_or("")
     }
 
-    /// A probe's report: events for failures, readiness, restarts on liveness failure.
+    /// A probe's report: events for failures, readiness; a liveness or startup failure is
+    /// recorded for `plan`, which kills the container.
     async fn on_probe(&mut self, report: ProbeReport) {
         match report {
             ProbeReport::Failed { container, message, .. } => {
-                let init = self.containers.iter().any(|c| c.name == container && c.init);
-                if self.containers.iter().any(|c| c.name == container && c.running()) {
+                let containers = &self.state.containers;
+                let init = containers.iter().any(|c| c.name == container && c.init);
+                if containers.iter().any(|c| c.name == container && c.running()) {
                     self.event(Some((&container, init)), Kind::Warning, "Unhealthy", message);
                 }
             }
             ProbeReport::Changed { container, kind, healthy } => {
-                let Some(i) = self.containers.iter().position(|c| c.name == container && c.running()) else {
+                let Some(i) = self.state.containers.iter().position(|c| c.name == container && c.running())
+                else {
                     return;
                 };
                 match kind {
-                    ProbeKind::Readiness => self.containers[i].ready = healthy,
+                    ProbeKind::Readiness => self.state.containers[i].ready = healthy,
                     ProbeKind::Startup if healthy => {
-                        self.containers[i].started = true;
+                        self.state.containers[i].started = true;
                         self.start_probes(i, false);
                     }
-                    ProbeKind::Startup | ProbeKind::Liveness => {
-                        let what = if kind == ProbeKind::Startup { "startup" } else { "liveness" };
-                        let init = self.containers[i].init;
-                        self.event(
-                            Some((&container, init)),
-                            Kind::Normal,
-                            "Killing",
-                            format!("Container {container} failed {what} probe, will be restarted"),
-                        );
-                        let grace = self
-                            .pod
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.termination_grace_period_seconds)
-                            .unwrap_or(30);
-                        self.stop_container(i, grace).await;
-                        self.refresh().await;
-                    }
+                    ProbeKind::Startup | ProbeKind::Liveness => self.state.containers[i].failed_probe = Some(kind),
                 }
             }
         }
+    }
+
+    /// Kills container `i` after its `probe` failed; the restart policy decides what follows.
+    async fn kill(&mut self, i: usize, probe: ProbeKind, grace: i64) {
+        let (name, init) = (self.state.containers[i].name.clone(), self.state.containers[i].init);
+        self.state.containers[i].failed_probe = None;
+        let what = if probe == ProbeKind::Startup { "startup" } else { "liveness" };
+        self.event(
+            Some((&name, init)),
+            Kind::Normal,
+            "Killing",
+            format!("Container {name} failed {what} probe, will be restarted"),
+        );
+        self.stop_container(i, grace).await;
+        self.refresh().await;
     }
 }

@@ -6,7 +6,9 @@ use k8s_cri::v1::ExecSyncResponse;
 use k8s_openapi::api::core::v1::{Container, ExecAction, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::failure::ProbeFailure;
 use super::{Outcome, ProbeKind, Target, grpc, http};
+use crate::cri::{CriCall, CriError, CriFailure};
 
 /// The most probe output kept in a message, as the kubelet keeps.
 const MAX_OUTPUT: usize = 10 * 1024;
@@ -27,7 +29,7 @@ pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
     }
 }
 
-async fn attempt(probe: &Probe, target: &Target) -> Result<(), String> {
+async fn attempt(probe: &Probe, target: &Target) -> Result<(), ProbeFailure> {
     let timeout = timeout(probe);
     match (&probe.exec, &probe.http_get, &probe.tcp_socket, &probe.grpc) {
         (Some(exec), None, None, None) => exec_probe(exec, target, timeout).await,
@@ -40,29 +42,29 @@ async fn attempt(probe: &Probe, target: &Target) -> Result<(), String> {
             let port = u16::try_from(g.port)
                 .ok()
                 .filter(|p| *p > 0)
-                .ok_or_else(|| format!("invalid port number: {}", g.port))?;
+                .ok_or(ProbeFailure::InvalidPort(g.port))?;
             let service = g.service.as_deref().unwrap_or_default();
             grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await
         }
-        (None, None, None, None) => Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into()),
-        _ => Err("the probe has more than one handler; exactly one of exec, httpGet, tcpSocket, grpc".into()),
+        (None, None, None, None) => Err(ProbeFailure::NoHandler),
+        _ => Err(ProbeFailure::ManyHandlers),
     }
 }
 
 /// The probe's own host, else the pod's IP.
-fn host_or_pod_ip(host: Option<&str>, target: &Target) -> Result<String, String> {
+fn host_or_pod_ip(host: Option<&str>, target: &Target) -> Result<String, ProbeFailure> {
     match host.filter(|h| !h.is_empty()) {
         Some(host) => Ok(host.to_owned()),
         None => {
-            target.pod_ip.map(|ip| ip.to_string()).ok_or_else(|| "the pod has no IP address yet".to_owned())
+            target.pod_ip.map(|ip| ip.to_string()).ok_or(ProbeFailure::NoPodIp)
         }
     }
 }
 
-async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Result<(), String> {
+async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Result<(), ProbeFailure> {
     let command = exec.command.clone().unwrap_or_default();
     if command.is_empty() {
-        return Err("the exec probe has no command".into());
+        return Err(ProbeFailure::NoCommand);
     }
     // The runtime ends the command at the timeout; the margin covers the round trip.
     let result = tokio::time::timeout(
@@ -70,11 +72,11 @@ async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Re
         target.cri.exec_sync(&target.container_id, command.clone(), timeout),
     )
     .await
-    .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("no answer from the runtime")));
+    .unwrap_or_else(|_| Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "no answer from the runtime")));
     exec_result(&command, result)
 }
 
-async fn http_get_probe(get: &HTTPGetAction, target: &Target, timeout: Duration) -> Result<(), String> {
+async fn http_get_probe(get: &HTTPGetAction, target: &Target, timeout: Duration) -> Result<(), ProbeFailure> {
     let request = http::Request {
         scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
         port: resolve_port(&get.port, &target.container)?,
@@ -87,7 +89,7 @@ async fn http_get_probe(get: &HTTPGetAction, target: &Target, timeout: Duration)
 
 /// A port number, or the number of the container port with that name (or a number written
 /// as a string), in 1–65535.
-pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, ProbeFailure> {
     let number = match port {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => {
@@ -96,12 +98,12 @@ pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<
                 (Some(p), _) => p.container_port,
                 (None, Ok(n)) => n,
                 (None, Err(_)) => {
-                    return Err(format!("port {name:?} not found in container {:?}", container.name));
+                    return Err(ProbeFailure::PortNotFound { name: name.clone(), container: container.name.clone() });
                 }
             }
         }
     };
-    u16::try_from(number).ok().filter(|p| *p > 0).ok_or_else(|| format!("invalid port number: {number}"))
+    u16::try_from(number).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(number))
 }
 
 /// `host:port`, with brackets around an IPv6 address.
@@ -109,12 +111,12 @@ pub(super) fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
-async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Result<(), String> {
+async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Result<(), ProbeFailure> {
     let addr = join_host_port(host, port);
     match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
         Ok(Ok(_stream)) => Ok(()),
-        Ok(Err(e)) => Err(format!("dial tcp {addr}: {}", connect_error(&e))),
-        Err(_) => Err(format!("dial tcp {addr}: i/o timeout")),
+        Ok(Err(e)) => Err(ProbeFailure::Dial { addr, cause: connect_error(&e) }),
+        Err(_) => Err(ProbeFailure::DialTimeout { addr }),
     }
 }
 
@@ -132,8 +134,8 @@ pub(super) fn connect_error(e: &std::io::Error) -> String {
 /// exit code and its output (stdout then stderr, at most 10 KiB).
 pub(super) fn exec_result(
     command: &[String],
-    result: Result<ExecSyncResponse, tonic::Status>,
-) -> Result<(), String> {
+    result: Result<ExecSyncResponse, CriError>,
+) -> Result<(), ProbeFailure> {
     let shown = command.join(" ");
     match result {
         Ok(response) if response.exit_code == 0 => Ok(()),
@@ -144,16 +146,10 @@ pub(super) fn exec_result(
             let output = String::from_utf8_lossy(&output);
             let output = output.trim_end();
             let code = response.exit_code;
-            if output.is_empty() {
-                Err(format!("command {shown:?} exited with {code}"))
-            } else {
-                Err(format!("command {shown:?} exited with {code}: {output}"))
-            }
+            Err(ProbeFailure::Exited { command: shown, code, output: output.to_owned() })
         }
-        Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
-            Err(format!("command {shown:?} timed out"))
-        }
-        Err(status) => Err(format!("command {shown:?} could not run: {}", status.message())),
+        Err(error) if error.failure == CriFailure::TimedOut => Err(ProbeFailure::ExecTimedOut { command: shown }),
+        Err(error) => Err(ProbeFailure::ExecFailed { command: shown, message: error.message }),
     }
 }
 
@@ -341,22 +337,23 @@ mod tests {
         };
         assert_eq!(exec_result(&cmd, answer(0, "fine", "")), Ok(()));
         assert_eq!(
-            exec_result(&cmd, answer(1, "", "not ready\n")),
+            exec_result(&cmd, answer(1, "", "not ready\n")).map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" exited with 1: not ready"#.to_owned())
         );
         assert_eq!(
-            exec_result(&cmd, answer(2, "", "")),
+            exec_result(&cmd, answer(2, "", "")).map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" exited with 2"#.to_owned())
         );
         let long = "x".repeat(20_000);
-        let message = exec_result(&cmd, answer(1, &long, "")).expect_err("fails");
+        let message = exec_result(&cmd, answer(1, &long, "")).expect_err("fails").to_string();
         assert!(message.len() < MAX_OUTPUT + 100, "output is capped");
         assert_eq!(
-            exec_result(&cmd, Err(tonic::Status::deadline_exceeded("slow"))),
+            exec_result(&cmd, Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "slow"))).map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" timed out"#.to_owned())
         );
         assert_eq!(
-            exec_result(&cmd, Err(tonic::Status::not_found("no such container"))),
+            exec_result(&cmd, Err(CriError::new(CriCall::ExecSync, CriFailure::NotFound, "no such container")))
+                .map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" could not run: no such container"#.to_owned())
         );
     }

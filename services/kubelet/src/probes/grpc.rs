@@ -8,6 +8,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::check::join_host_port;
+use super::failure::ProbeFailure;
 
 /// An error and its causes, `: `-joined (tonic's own text is only "transport error").
 fn chain(error: &dyn std::error::Error) -> String {
@@ -23,31 +24,27 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 /// Asks `host:port` for the health of `service` (the server's overall health when empty):
 /// SERVING passes.
-pub(super) async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), String> {
+pub(super) async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), ProbeFailure> {
     let addr = join_host_port(host, port);
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("invalid address {addr:?}: {e}"))?
+        .map_err(|e| ProbeFailure::GrpcAddress { addr: addr.clone(), reason: e.to_string() })?
         .connect_timeout(timeout)
         .timeout(timeout);
-    let connect_failed =
-        |e: String| format!("timeout: failed to connect service {addr:?} within {timeout:?}: {e}");
+    let connect_failed = |cause: String| ProbeFailure::GrpcConnect { addr: addr.clone(), timeout, cause };
     let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(channel)) => channel,
         Ok(Err(e)) => return Err(connect_failed(chain(&e))),
         Err(_) => return Err(connect_failed("context deadline exceeded".into())),
     };
     let request = HealthCheckRequest { service: service.to_owned() };
-    let rpc_timeout = || format!("timeout: health rpc did not complete within {timeout:?}");
+    let rpc_timeout = || ProbeFailure::GrpcTimeout(timeout);
     let response = match tokio::time::timeout(timeout, HealthClient::new(channel).check(request)).await {
         Err(_) => return Err(rpc_timeout()),
         Ok(Err(status)) => {
             return Err(match status.code() {
-                tonic::Code::Unimplemented => format!(
-                    "this server does not implement the grpc health protocol (grpc.health.v1.Health): {}",
-                    status.message()
-                ),
+                tonic::Code::Unimplemented => ProbeFailure::GrpcUnimplemented(status.message().to_owned()),
                 tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => rpc_timeout(),
-                _ => format!("error: health rpc probe failed: {status}"),
+                _ => ProbeFailure::GrpcFailed(status.to_string()),
             });
         }
         Ok(Ok(response)) => response.into_inner(),
@@ -56,7 +53,7 @@ pub(super) async fn probe(host: &str, port: u16, service: &str, timeout: Duratio
         Ok(ServingStatus::Serving) => Ok(()),
         other => {
             let name = other.map_or("UNKNOWN", |s| s.as_str_name());
-            Err(format!("service unhealthy (responded with {name:?})"))
+            Err(ProbeFailure::GrpcUnhealthy(name))
         }
     }
 }

@@ -14,6 +14,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 
+use super::failure::ProbeFailure;
 use super::check::{connect_error, join_host_port};
 
 /// The most of a response body read (the rest is left unread), as the kubelet reads.
@@ -94,11 +95,11 @@ struct Response {
 }
 
 /// Runs the probe within `timeout` (redirects included): 200–399 passes.
-pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), String> {
+pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), ProbeFailure> {
     let https = match request.scheme.to_ascii_uppercase().as_str() {
         "HTTP" => false,
         "HTTPS" => true,
-        other => return Err(format!("unsupported scheme {other:?}")),
+        other => return Err(ProbeFailure::UnsupportedScheme(other.to_owned())),
     };
     let path = if request.path.starts_with('/') { request.path } else { format!("/{}", request.path) };
     let first = Url { https, host: request.host, port: request.port, path };
@@ -112,13 +113,8 @@ pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), Str
         let answer = tokio::time::timeout_at(deadline, get(&url, &headers, host_header.as_deref())).await;
         let response = match answer {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Err(format!("Get {:?}: {e}", url.to_string())),
-            Err(_) => {
-                return Err(format!(
-                    "Get {:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)",
-                    url.to_string()
-                ));
-            }
+            Ok(Err(e)) => return Err(ProbeFailure::Get { url: url.to_string(), cause: Box::new(e) }),
+            Err(_) => return Err(ProbeFailure::GetTimeout { url: url.to_string() }),
         };
         let next = match response.location.as_deref() {
             Some(location) if (300..400).contains(&response.status) => {
@@ -131,7 +127,7 @@ pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), Str
             return if (200..400).contains(&response.status) {
                 Ok(())
             } else {
-                Err(format!("HTTP probe failed with statuscode: {}", response.status))
+                Err(ProbeFailure::HttpStatus(response.status))
             };
         };
         // A redirect off the probed host is not followed: the redirect itself is the answer.
@@ -146,15 +142,19 @@ pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), Str
         }
         url = next;
     }
-    Err(format!("Get {:?}: stopped after {MAX_REDIRECTS} redirects", url.to_string()))
+    Err(ProbeFailure::TooManyRedirects { url: url.to_string(), max: MAX_REDIRECTS })
 }
 
 /// One GET on a fresh connection.
-async fn get(url: &Url, headers: &[(String, String)], host_header: Option<&str>) -> Result<Response, String> {
+async fn get(
+    url: &Url,
+    headers: &[(String, String)],
+    host_header: Option<&str>,
+) -> Result<Response, ProbeFailure> {
     let addr = join_host_port(&url.host, url.port);
     let tcp = TcpStream::connect((url.host.as_str(), url.port))
         .await
-        .map_err(|e| format!("dial tcp {addr}: {}", connect_error(&e)))?;
+        .map_err(|e| ProbeFailure::Dial { addr: addr.clone(), cause: connect_error(&e) })?;
     let host = host_header.map_or_else(|| addr.clone(), str::to_owned);
     if url.https {
         let tls = tls_connect(tcp, &url.host).await?;
@@ -173,12 +173,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn send<T>(io: T, path: &str, host: &str, headers: &[(String, String)]) -> Result<Response, String>
+async fn send<T>(io: T, path: &str, host: &str, headers: &[(String, String)]) -> Result<Response, ProbeFailure>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
+        hyper::client::conn::http1::handshake(io).await.map_err(|e| ProbeFailure::Http(e.to_string()))?;
     let _connection = AbortOnDrop(tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "probe connection ended");
@@ -195,8 +195,10 @@ where
     for (name, value) in headers {
         builder = builder.header(name.as_str(), value.as_str());
     }
-    let request = builder.body(Empty::<Bytes>::new()).map_err(|e| format!("invalid request: {e}"))?;
-    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    let request = builder
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ProbeFailure::Http(format!("invalid request: {e}")))?;
+    let response = sender.send_request(request).await.map_err(|e| ProbeFailure::Http(e.to_string()))?;
     let status = response.status().as_u16();
     let location =
         response.headers().get(http::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -208,20 +210,20 @@ where
 async fn tls_connect(
     tcp: TcpStream,
     host: &str,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProbeFailure> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("tls: {e}"))?
+        .map_err(|e| ProbeFailure::Tls(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
         .with_no_client_auth();
-    let name =
-        ServerName::try_from(host.to_owned()).map_err(|e| format!("tls: server name {host:?}: {e}"))?;
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|e| ProbeFailure::TlsServerName { host: host.to_owned(), reason: e.to_string() })?;
     tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("tls: {e}"))
+        .map_err(|e| ProbeFailure::Tls(e.to_string()))
 }
 
 /// Accepts any server certificate (the kubelet's HTTPS probes skip verification: a pod's

@@ -3,6 +3,7 @@
 //! schedule and reports when its thresholds are crossed (`worker.rs`).
 
 mod check;
+mod failure;
 mod grpc;
 mod http;
 mod worker;
@@ -16,6 +17,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Container;
 
 pub use check::check;
+pub use failure::ProbeFailure;
 pub use worker::spawn;
 
 /// Which of a container's probes.
@@ -49,7 +51,7 @@ pub struct Target {
     /// The container's spec, for named ports.
     pub container: Container,
     /// The runtime, for exec probes.
-    pub cri: crate::cri::Cri,
+    pub cri: std::sync::Arc<dyn crate::cri::CriClient>,
 }
 
 /// The result of one probe attempt.

@@ -4,27 +4,20 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_openapi::api::core::v1::{Container, Probe};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::Target;
-use crate::cri::Cri;
+use crate::cri::fake::FakeCri;
 
-/// A target at 127.0.0.1 for `container` (JSON); its CRI channel connects to nothing.
+/// A target at 127.0.0.1 for `container` (JSON); its runtime is a fake without containers.
 pub fn target(container: serde_json::Value) -> Target {
-    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
     Target {
         pod_ip: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         container_id: "c1".into(),
         container: serde_json::from_value::<Container>(container).expect("a container"),
-        cri: Cri {
-            runtime: RuntimeServiceClient::new(channel.clone()),
-            images: ImageServiceClient::new(channel),
-            remote: None,
-        },
+        cri: Arc::new(FakeCri::default()),
     }
 }
 

@@ -188,14 +188,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let started = Instant::now();
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}\n{}", cluster.dump());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    hpk_integration::eventually(what, within, &mut check, || cluster.dump()).await
 }
 
 /// The admin client for a kubeconfig (re-exported for tests).

@@ -153,7 +153,7 @@ fn port_mappings(pod: &Pod) -> Vec<PortMapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::fixtures::pod;
+    use crate::cri_config::fixtures::pod;
     use k8s_cri::v1::NamespaceMode;
     use serde_json::json;
     use std::path::PathBuf;

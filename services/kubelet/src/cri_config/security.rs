@@ -179,7 +179,7 @@ pub fn verify_run_as_non_root(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::fixtures::pod;
+    use crate::cri_config::fixtures::pod;
     use serde_json::json;
 
     fn check(

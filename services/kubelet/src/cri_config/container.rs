@@ -142,7 +142,7 @@ fn resources(container: &Container) -> Result<LinuxContainerResources, SpecError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::fixtures::pod;
+    use crate::cri_config::fixtures::pod;
     use serde_json::json;
 
     fn build(container: serde_json::Value, pod_extra: serde_json::Value) -> ContainerConfig {

@@ -237,7 +237,7 @@ async fn env_value<O: ObjectSource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::fixtures::{FakeObjects, pod};
+    use crate::cri_config::fixtures::{FakeObjects, pod};
     use serde_json::json;
 
     fn facts() -> PodFacts {

@@ -73,7 +73,7 @@ fn join(items: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::fixtures::pod;
+    use crate::cri_config::fixtures::pod;
     use serde_json::json;
 
     const ONE: (&str, &str) = ("0 1000 1\n", "0 1000 1\n");

@@ -1,0 +1,371 @@
+//! The pod worker's decisions, pure: [`plan`] reads the pod's spec and what the worker knows of
+//! its pod ([`PodState`]: the sandbox, each container's record with its back-offs, admission,
+//! volumes) and says what to do next. It is level-triggered — the same state gives the same
+//! actions, whatever woke the worker — and adoption-safe: a running sandbox or container,
+//! whether this kubelet made it or a previous one did, is never made again. The worker
+//! (`worker.rs`, `containers.rs`, `terminate.rs`) carries the actions out.
+
+use std::time::Duration;
+
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::Instant;
+
+use super::backoff::{Backoff, RESET_AFTER};
+use super::record::{ContainerRecord, State};
+use super::status::Phase;
+use crate::probes::ProbeKind;
+
+#[cfg(test)]
+mod tests;
+
+/// How often configMap, secret, projected and downwardAPI volumes are re-read.
+pub const VOLUME_REFRESH: Duration = Duration::from_secs(20);
+/// The grace a pod gets when its API object vanished without one (a force delete).
+pub const VANISHED_GRACE: i64 = 2;
+/// The grace period when the pod names none.
+const DEFAULT_GRACE: i64 = 30;
+
+/// Where the worker is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Checking the pod fits.
+    Admitting,
+    /// Setting up volumes.
+    PreparingVolumes,
+    /// Creating the sandbox.
+    CreatingSandbox,
+    /// Running init containers.
+    Initializing,
+    /// Running the containers.
+    Running,
+    /// Every container ended and none restarts.
+    Completed,
+    /// Stopping everything.
+    Terminating,
+    /// Done; the worker ends.
+    Terminated,
+}
+
+/// The pod's sandbox.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    /// The runtime's id.
+    pub id: String,
+    /// The config it was made with (containers are created against it).
+    pub config: cri::PodSandboxConfig,
+    /// Its addresses, primary first.
+    pub ips: Vec<String>,
+    /// Whether it runs.
+    pub ready: bool,
+}
+
+/// What the worker knows of its pod between wake-ups: everything [`plan`] decides from but
+/// the spec. Counters, back-offs and which init container is next live here (and in the
+/// container records), not in the worker.
+#[derive(Clone, Debug)]
+pub struct PodState {
+    /// Where the worker is.
+    pub step: Step,
+    /// The pod's phase.
+    pub phase: Phase,
+    /// The pod's reason and message when it failed as a whole (rejected at admission).
+    pub reason: Option<(String, String)>,
+    /// Whether admission took the pod's requests.
+    pub admitted: bool,
+    /// The API object is gone (deleted with grace 0 by someone else).
+    pub deleted: bool,
+    /// When the volumes were last read; `None` before they are set up.
+    pub volumes_refreshed: Option<Instant>,
+    /// The sandbox, once made or adopted.
+    pub sandbox: Option<Sandbox>,
+    /// The attempt the next sandbox gets.
+    pub sandbox_attempt: u32,
+    /// The sandbox's creation back-off.
+    pub sandbox_backoff: Backoff,
+    /// Whether the init containers have all completed (in this sandbox).
+    pub initialized: bool,
+    /// Init containers in order, then the containers.
+    pub containers: Vec<ContainerRecord>,
+    /// When the kubelet first took the pod on (status.startTime).
+    pub start_time: Option<Timestamp>,
+    /// The last problem worth showing (diagnostics).
+    pub message: String,
+}
+
+impl PodState {
+    /// The state of a pod this worker has just been given: its containers not yet created,
+    /// restart counts, phase and start time as the API last showed them.
+    pub fn new(pod: &Pod) -> Self {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let record = |c: &k8s_openapi::api::core::v1::Container, init| {
+            ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), init)
+        };
+        let mut containers: Vec<ContainerRecord> =
+            spec.init_containers.iter().flatten().map(|c| record(c, true)).collect();
+        containers.extend(spec.containers.iter().map(|c| record(c, false)));
+        // Restart counts survive a kubelet restart through the API's view.
+        if let Some(s) = pod.status.as_ref() {
+            for cs in s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
+            {
+                if let Some(r) = containers.iter_mut().find(|r| r.name == cs.name) {
+                    r.restart_count = u32::try_from(cs.restart_count).unwrap_or(0);
+                }
+            }
+        }
+        let phase = match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            _ => Phase::Pending,
+        };
+        Self {
+            step: if phase.terminal() { Step::Completed } else { Step::Admitting },
+            phase,
+            reason: None,
+            admitted: false,
+            deleted: false,
+            volumes_refreshed: None,
+            sandbox: None,
+            sandbox_attempt: 0,
+            sandbox_backoff: Backoff::default(),
+            initialized: spec.init_containers.as_ref().is_none_or(Vec::is_empty),
+            containers,
+            start_time: pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            message: String::new(),
+        }
+    }
+}
+
+/// One thing for the worker to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Stop everything within `grace` seconds, remove the sandbox and volumes, delete the pod.
+    Terminate {
+        /// The grace period, seconds.
+        grace: i64,
+    },
+    /// The pod is done: stop its sandbox (its containers stay, for logs), release its
+    /// requests, and set its phase when given.
+    Complete {
+        /// The final phase, when this decides it.
+        phase: Option<Phase>,
+    },
+    /// Check the pod fits the node.
+    Admit,
+    /// Set the volumes up.
+    PrepareVolumes,
+    /// Re-read the volumes' sources.
+    RefreshVolumes,
+    /// Remove a sandbox that stopped underneath the pod, so that a new one is made.
+    ReplaceSandbox,
+    /// Make the sandbox.
+    CreateSandbox,
+    /// The worker is at this step now.
+    Enter(Step),
+    /// Every init container completed.
+    InitDone,
+    /// Create and start container `i` (its first, or a new one after a back-off wait).
+    Start(usize),
+    /// Container `i` ended and restarts now; its back-off starts afresh first when it ran long
+    /// enough.
+    Restart {
+        /// The container.
+        index: usize,
+        /// Forget earlier failures first.
+        reset_backoff: bool,
+    },
+    /// Container `i` ended and must wait `delay` before it restarts (CrashLoopBackOff).
+    BackOff {
+        /// The container.
+        index: usize,
+        /// The wait.
+        delay: Duration,
+    },
+    /// Container `i` failed its liveness or startup probe: stop it within `grace`, the restart
+    /// policy decides the rest.
+    Kill {
+        /// The container.
+        index: usize,
+        /// The probe that failed.
+        probe: ProbeKind,
+        /// The grace period, seconds.
+        grace: i64,
+    },
+    /// The pod runs (a container runs, ran or restarts).
+    Running,
+    /// Nothing to do before `at` (a back-off ends, the volumes are due).
+    WakeAt(Instant),
+}
+
+/// What to do next for `pod` in `state` at `now`, in order.
+pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
+    if state.deleted || pod.metadata.deletion_timestamp.is_some() {
+        return vec![Action::Terminate { grace: termination_grace(pod, state.deleted) }];
+    }
+    if state.phase.terminal() {
+        return vec![Action::Complete { phase: None }];
+    }
+    if !state.admitted {
+        return vec![Action::Admit];
+    }
+    let mut actions = Vec::new();
+    match state.volumes_refreshed {
+        None => return vec![Action::PrepareVolumes],
+        Some(at) if now >= at + VOLUME_REFRESH => return vec![Action::RefreshVolumes],
+        Some(at) => actions.push(Action::WakeAt(at + VOLUME_REFRESH)),
+    }
+    match &state.sandbox {
+        Some(sandbox) if sandbox.ready => {}
+        Some(_) => {
+            actions.push(Action::ReplaceSandbox);
+            return actions;
+        }
+        None if state.sandbox_backoff.waiting(now) => {
+            actions.extend(state.sandbox_backoff.until().map(Action::WakeAt));
+            return actions;
+        }
+        None => {
+            actions.push(Action::CreateSandbox);
+            return actions;
+        }
+    }
+    let policy = restart_policy(pod);
+    if !state.initialized {
+        actions.push(Action::Enter(Step::Initializing));
+        actions.extend(next_init(state, policy, now));
+        return actions;
+    }
+    actions.push(Action::Enter(Step::Running));
+    let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE);
+    for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| !c.init) {
+        match &c.state {
+            State::Running { .. } => {
+                if let Some(probe) = c.failed_probe {
+                    actions.push(Action::Kill { index, probe, grace });
+                }
+            }
+            State::Waiting { .. } => actions.extend(start_when_due(index, c, now)),
+            State::Terminated(exit) if policy.restarts(exit.exit_code) => {
+                actions.push(restart_after_backoff(index, c, now));
+            }
+            State::Terminated(_) => {}
+        }
+    }
+    actions.extend(settle(state, policy));
+    actions
+}
+
+/// The pod's restartPolicy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Always restart.
+    Always,
+    /// Restart what failed.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+impl RestartPolicy {
+    /// Whether a container that exited with `code` restarts.
+    pub fn restarts(self, code: i32) -> bool {
+        match self {
+            Self::Always => true,
+            Self::OnFailure => code != 0,
+            Self::Never => false,
+        }
+    }
+}
+
+/// The pod's restartPolicy (Always when unset or unknown, as the API defaults it).
+pub fn restart_policy(pod: &Pod) -> RestartPolicy {
+    match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
+        Some("Never") => RestartPolicy::Never,
+        Some("OnFailure") => RestartPolicy::OnFailure,
+        _ => RestartPolicy::Always,
+    }
+}
+
+/// The grace period of a terminating pod: the deletion's, else the spec's, else 30 s; a pod
+/// whose object vanished gets [`VANISHED_GRACE`].
+pub fn termination_grace(pod: &Pod, vanished: bool) -> i64 {
+    if vanished {
+        return VANISHED_GRACE;
+    }
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .unwrap_or(DEFAULT_GRACE)
+        .max(0)
+}
+
+/// The init containers run one at a time, in order: the first that has not completed decides.
+fn next_init(state: &PodState, policy: RestartPolicy, now: Instant) -> Vec<Action> {
+    for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.init) {
+        match &c.state {
+            State::Terminated(exit) if exit.exit_code == 0 => {}
+            State::Running { .. } => return Vec::new(),
+            // A failed init container under Never fails the pod.
+            State::Terminated(_) if policy == RestartPolicy::Never => {
+                return vec![Action::Complete { phase: Some(Phase::Failed) }];
+            }
+            State::Terminated(_) => return vec![restart_after_backoff(index, c, now)],
+            State::Waiting { .. } => return start_when_due(index, c, now).into_iter().collect(),
+        }
+    }
+    vec![Action::InitDone]
+}
+
+/// Start container `i` unless its restart or image back-off says wait.
+fn start_when_due(index: usize, c: &ContainerRecord, now: Instant) -> Option<Action> {
+    if c.restart_backoff.waiting(now) || c.pull_backoff.waiting(now) {
+        return [c.restart_backoff.until(), c.pull_backoff.until()]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min()
+            .map(Action::WakeAt);
+    }
+    Some(Action::Start(index))
+}
+
+/// An ended container restarts at once the first time, then after its back-off; one that ran
+/// for [`RESET_AFTER`] starts its back-off afresh.
+fn restart_after_backoff(index: usize, c: &ContainerRecord, now: Instant) -> Action {
+    let ran_long = c.exit().is_some_and(|exit| {
+        exit.started_at
+            .zip(exit.finished_at)
+            .is_some_and(|(s, f)| f.duration_since(s).unsigned_abs() >= RESET_AFTER)
+    });
+    if !ran_long && c.restart_backoff.waiting(now) {
+        return Action::BackOff { index, delay: c.restart_backoff.delay() };
+    }
+    Action::Restart { index, reset_backoff: ran_long }
+}
+
+/// The pod's phase from its containers: done when each has ended and none restarts
+/// (Succeeded, or Failed when one failed); Running once one runs, ran or restarted.
+pub fn settle(state: &PodState, policy: RestartPolicy) -> Option<Action> {
+    let mains: Vec<&ContainerRecord> = state.containers.iter().filter(|c| !c.init).collect();
+    let done = !mains.is_empty()
+        && mains.iter().all(|c| {
+            c.exit().is_some_and(|e| match policy {
+                RestartPolicy::Never => true,
+                RestartPolicy::OnFailure => e.exit_code == 0,
+                RestartPolicy::Always => false,
+            })
+        });
+    if done {
+        let failed = mains.iter().any(|c| c.exit().is_some_and(|e| e.exit_code != 0));
+        return Some(Action::Complete { phase: Some(if failed { Phase::Failed } else { Phase::Succeeded }) });
+    }
+    mains.iter().any(|c| c.running() || c.exit().is_some() || c.restart_count > 0).then_some(Action::Running)
+}
+
+/// Whether a pod adopted from a previous kubelet is past its init containers: each completed,
+/// or a container of the pod already exists (the runtime may have dropped the init ones).
+pub fn adopted_initialized(containers: &[ContainerRecord]) -> bool {
+    let inits_done = containers.iter().filter(|c| c.init).all(|c| c.exit().is_some_and(|e| e.exit_code == 0));
+    inits_done || containers.iter().any(|c| !c.init && c.id.is_some())
+}
