@@ -10,11 +10,13 @@
 //! - [`unix`]: socket-path hygiene (private directory, 0600 socket, stale sockets).
 //! - [`log_limit`]: rate limits for log lines a peer can cause (refusals, failed handshakes).
 //! - [`node_token`]: per-node tokens, HMAC of the node's name under the cluster's key.
+//! - [`flags`]: parsers for command-line flags the services share (durations).
 //! - [`limits`]: the open-files limit raised to its hard limit, first thing in every `main`.
 //! - [`telemetry`] and [`shutdown`]: tracing set-up and SIGTERM/SIGINT handling for `main`.
 
 pub mod connect;
 mod error;
+pub mod flags;
 pub mod limits;
 pub mod log_limit;
 pub mod mtls;

@@ -92,7 +92,8 @@ impl Authority {
         dn.push(DnType::CommonName, format!("system:node:{}", approved.node));
         dn.push(DnType::OrganizationName, "system:nodes");
         params.distinguished_name = dn;
-        params.subject_alt_names = approved.sans.iter().map(San::to_rcgen).collect::<Result<_>>()?;
+        params.subject_alt_names =
+            approved.sans.iter().map(San::to_rcgen).collect::<hpk_signer_client::Result<_>>()?;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         if approved.rsa {
             params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
@@ -114,7 +115,8 @@ impl Authority {
     ) -> Result<Issued> {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, name);
-        params.subject_alt_names = sans.iter().map(San::to_rcgen).collect::<Result<_>>()?;
+        params.subject_alt_names =
+            sans.iter().map(San::to_rcgen).collect::<hpk_signer_client::Result<_>>()?;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         self.sign(params, key, validity)

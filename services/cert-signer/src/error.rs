@@ -1,8 +1,10 @@
 use std::path::PathBuf;
 
+use hpk_signer_client::Error as ClientError;
+
 use crate::Profile;
 
-/// Everything that can go wrong in the signer and its client.
+/// Everything that can go wrong in the signer and in `hpk-cert-signer request`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // ---- start-up and files ----
@@ -177,12 +179,27 @@ pub enum Error {
     Signing(#[from] rcgen::Error),
 
     // ---- client side ----
-    /// The signer answered with an error.
-    #[error("signer refused: {}: {}", .0.code(), .0.message())]
-    Refused(#[from] tonic::Status),
-    /// The signer's answer is unusable.
-    #[error("signer answer unusable: {0}")]
-    BadResponse(String),
+    /// What the node's side (`hpk-signer-client`) hit that the variants above do not cover:
+    /// the signer's refusal, an unusable answer, a token that cannot be sent.
+    #[error(transparent)]
+    Client(ClientError),
+}
+
+/// The client's errors that have a variant of their own here become it (same message, same
+/// code); the rest stay the client's ([`Error::Client`]).
+impl From<ClientError> for Error {
+    fn from(err: ClientError) -> Self {
+        match err {
+            ClientError::File { action, path, source } => Self::File { action, path, source },
+            ClientError::Rpc(e) => Self::Rpc(e),
+            ClientError::BadDnsName { value } => Self::BadDnsName { value },
+            ClientError::ForbiddenSan { san, reason } => Self::ForbiddenSan { san, reason },
+            ClientError::Signing(e) => Self::Signing(e),
+            other @ (ClientError::TokenNotSendable
+            | ClientError::Refused(_)
+            | ClientError::BadResponse(_)) => Self::Client(other),
+        }
+    }
 }
 
 /// Result with this crate's [`Error`].
@@ -209,7 +226,7 @@ impl Error {
             | Error::BadNodeName { .. }
             | Error::BadDnsName { .. }
             | Error::ForbiddenSan { .. } => 78,
-            Error::Refused(_) | Error::Rpc(_) => 69,
+            Error::Client(ClientError::Refused(_)) | Error::Rpc(_) => 69,
             _ => 1,
         }
     }
@@ -234,7 +251,7 @@ impl From<Error> for tonic::Status {
             | Error::AlreadyEnrolled { .. }
             | Error::OtherNode { .. } => Code::PermissionDenied,
             Error::CaExpired { .. } => Code::FailedPrecondition,
-            Error::Refused(status) => status.code(),
+            Error::Client(ClientError::Refused(status)) => status.code(),
             Error::File { .. }
             | Error::InsecureSecret { .. }
             | Error::KeyOnSharedFilesystem { .. }
@@ -244,7 +261,7 @@ impl From<Error> for tonic::Status {
             | Error::Rpc(_)
             | Error::Signing(_)
             | Error::Random(_)
-            | Error::BadResponse(_) => Code::Internal,
+            | Error::Client(_) => Code::Internal,
         };
         tonic::Status::new(code, err.to_string())
     }

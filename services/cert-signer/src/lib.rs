@@ -1,17 +1,15 @@
-//! hpk-cert-signer: the controller's kubelet certificate signer, and the client kubelets use.
+//! hpk-cert-signer: the controller's kubelet certificate signer.
 //!
 //! The signer holds the cluster's serving CA and client CA keys on the controller and signs, over
 //! TLS, certificates for keys generated on each node, after checking a node token and a fixed
-//! policy ([`policy`]). The client ([`client`]) generates the key locally, requests, writes, and
-//! renews at two thirds of the lifetime. [`node_token`] makes a node's token from the cluster's
-//! key.
+//! policy ([`policy`]). The node's side — generate the key locally, request, write, renew at two
+//! thirds of the lifetime — is the library `hpk-signer-client`, re-exported here as [`client`]
+//! for `hpk-cert-signer request`. [`node_token`] makes a node's token from the cluster's key.
 
 pub mod ca;
-pub mod client;
 pub mod config;
 pub mod enroll;
 mod error;
-pub mod files;
 pub mod policy;
 pub mod secrets;
 mod server;
@@ -19,25 +17,8 @@ pub mod service;
 pub mod token;
 
 pub use error::{Error, Result};
+pub use hpk_signer_client::{Profile, client, files};
 pub use server::run;
-
-/// Which kind of certificate a request is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Profile {
-    /// The kubelet API's TLS serving certificate (serverAuth, node SANs).
-    Serving,
-    /// The node's client identity toward the API server (clientAuth, no SANs).
-    Client,
-}
-
-impl std::fmt::Display for Profile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Serving => "serving",
-            Self::Client => "client",
-        })
-    }
-}
 
 /// `hpk-cert-signer node-token`: write node `--node-name`'s token, made from the cluster's key,
 /// to `--out` (created 0600, off the shared directory) or to standard output.
@@ -49,7 +30,7 @@ pub fn node_token(args: &config::NodeTokenArgs) -> Result<()> {
         Some(out) => {
             let shared = args.shared_dir.clone().unwrap_or_else(secrets::default_shared_dir);
             secrets::ensure_not_shared(out, &shared)?;
-            files::write_atomic(out, format!("{token}\n").as_bytes(), 0o600)
+            Ok(files::write_atomic(out, format!("{token}\n").as_bytes(), 0o600)?)
         }
         None => {
             println!("{token}");
@@ -97,5 +78,6 @@ pub async fn request(args: config::RequestArgs, shutdown: tokio_util::sync::Canc
         return Ok(());
     }
     let (updates, _) = tokio::sync::watch::channel(creds.clone());
-    client::keep_renewed(signer, request, creds, Some((args.cert_out, args.key_out)), updates, shutdown).await
+    Ok(client::keep_renewed(signer, request, creds, Some((args.cert_out, args.key_out)), updates, shutdown)
+        .await?)
 }

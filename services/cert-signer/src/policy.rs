@@ -6,9 +6,9 @@
 //! bit, signing other certificates, usages outside the profile, unknown extensions).
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::net::IpAddr;
 
+use hpk_signer_client::san::is_dns_name;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::cri_attributes::ParsedCriAttribute;
 use x509_parser::extensions::{GeneralName, ParsedExtension, X509Extension};
@@ -18,59 +18,13 @@ use x509_parser::public_key::PublicKey;
 
 use crate::{Error, Profile, Result};
 
+/// A subject alternative name (`hpk-signer-client`'s, shared with the nodes).
+pub use hpk_signer_client::San;
+
 /// Most SANs one certificate may carry.
 pub const MAX_SANS: usize = 16;
 /// Smallest RSA key accepted.
 const MIN_RSA_BITS: usize = 2048;
-
-/// A subject alternative name the policy accepted.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum San {
-    /// A DNS name, lowercase.
-    Dns(String),
-    /// An IP address.
-    Ip(IpAddr),
-}
-
-impl fmt::Display for San {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Dns(name) => write!(f, "DNS:{name}"),
-            Self::Ip(ip) => write!(f, "IP:{ip}"),
-        }
-    }
-}
-
-impl San {
-    /// The SAN in rcgen's terms, for building a certificate or a CSR.
-    pub fn to_rcgen(&self) -> Result<rcgen::SanType> {
-        Ok(match self {
-            Self::Dns(name) => rcgen::SanType::DnsName(name.as_str().try_into()?),
-            Self::Ip(ip) => rcgen::SanType::IpAddress(*ip),
-        })
-    }
-}
-
-impl std::str::FromStr for San {
-    type Err = Error;
-    /// An IP address literal becomes an IP SAN; anything else must be a DNS name.
-    fn from_str(s: &str) -> Result<Self> {
-        if let Ok(ip) = s.parse::<IpAddr>() {
-            return Ok(Self::Ip(ip));
-        }
-        let lower = s.to_ascii_lowercase();
-        if lower.contains('*') {
-            return Err(Error::ForbiddenSan {
-                san: format!("DNS:{s}"),
-                reason: "wildcards are never issued",
-            });
-        }
-        if !is_dns_name(&lower) {
-            return Err(Error::BadDnsName { value: s.to_owned() });
-        }
-        Ok(Self::Dns(lower))
-    }
-}
 
 /// A request that passed the policy: what will go into the certificate.
 #[derive(Debug)]
@@ -333,20 +287,6 @@ pub fn check_node_name(name: &str) -> Result<()> {
         return bad("use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit");
     }
     Ok(())
-}
-
-/// A DNS-1123 subdomain: lowercase labels of letters, digits and inner hyphens, 63 characters at
-/// most each, 253 in all.
-fn is_dns_name(name: &str) -> bool {
-    name.len() <= 253
-        && !name.is_empty()
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 #[cfg(test)]

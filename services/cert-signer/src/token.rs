@@ -1,4 +1,5 @@
-//! Node tokens (review H3): loaded from private files, sent as `authorization: Bearer …`.
+//! Node tokens (review H3): loaded from private files, sent as `authorization: Bearer …`
+//! ([`AttachToken`], the client's side, lives in `hpk-signer-client`).
 //!
 //! A node's token is the HMAC-SHA256 of its name under the cluster's key
 //! ([`hpk_rpc::node_token`]). The interceptor here refuses requests without a token of that
@@ -9,12 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hpk_rpc::log_limit::LogLimit;
-use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 use tracing::warn;
 
 use crate::{Error, Result};
+
+pub use hpk_signer_client::token::AttachToken;
 
 /// Shortest token accepted, so a placeholder cannot be mistaken for a secret.
 const MIN_TOKEN_LEN: usize = 16;
@@ -70,30 +72,6 @@ impl Interceptor for RequireToken {
                 Err(err.into())
             }
         }
-    }
-}
-
-/// Client side: attaches the bearer token to every request.
-#[derive(Clone)]
-pub struct AttachToken {
-    value: MetadataValue<tonic::metadata::Ascii>,
-}
-
-impl AttachToken {
-    /// Attaches `token`; fails if it cannot be sent as a header.
-    pub fn new(token: &str) -> Result<Self> {
-        let mut value: MetadataValue<_> = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| Error::BadResponse("token is not a valid header value".into()))?;
-        value.set_sensitive(true);
-        Ok(Self { value })
-    }
-}
-
-impl Interceptor for AttachToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request.metadata_mut().insert("authorization", self.value.clone());
-        Ok(request)
     }
 }
 

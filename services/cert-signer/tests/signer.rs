@@ -228,7 +228,7 @@ async fn the_token_enrols_a_node_once_and_its_certificate_renews_it() {
         let refused =
             signer.client("n1").await.request(&request).await.expect_err("the token enrolled n1 already");
         assert!(
-            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("already has")),
+            matches!(&refused, hpk_signer_client::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("already has")),
             "{refused}"
         );
     }
@@ -244,13 +244,13 @@ async fn the_token_enrols_a_node_once_and_its_certificate_renews_it() {
     for other in ["n2", "n1x"] {
         let refused = as_renewed.clone().request(&client_request(other)).await.expect_err("another node");
         assert!(
-            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::Unauthenticated && s.message().contains("not the token of the node")),
+            matches!(&refused, hpk_signer_client::Error::Refused(s) if s.code() == tonic::Code::Unauthenticated && s.message().contains("not the token of the node")),
             "{refused}"
         );
         let mut with_their_token = signer.client(other).await.as_node(&renewed).await.expect("connect as n1");
         let refused = with_their_token.request(&client_request(other)).await.expect_err("another node");
         assert!(
-            matches!(&refused, hpk_cert_signer::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("n1's")),
+            matches!(&refused, hpk_signer_client::Error::Refused(s) if s.code() == tonic::Code::PermissionDenied && s.message().contains("n1's")),
             "{refused}"
         );
     }

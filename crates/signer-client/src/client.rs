@@ -14,9 +14,8 @@ use tonic::transport::Channel;
 use tracing::{info, warn};
 use x509_parser::prelude::FromDer;
 
-use crate::policy::San;
 use crate::token::AttachToken;
-use crate::{Error, Profile, Result};
+use crate::{Error, Profile, Result, San};
 
 /// Longest wait between failed renewal attempts.
 const MAX_RETRY: Duration = Duration::from_secs(30);
