@@ -1,5 +1,6 @@
 //! A node's capacity — what the Slurm allocation grants, else what the machine has — and the
-//! user and group IDs its bubble maps ([`ids`]).
+//! user and group IDs its bubble maps ([`ids`]), and the `/proc` files usage figures come
+//! from ([`procfs`]).
 //!
 //! Shared by the kubelet (the Node's `status.capacity`) and the pod-runtime
 //! (`hpk.podruntime.v1.Remote/Allocation`, for a kubelet on another machine). Figures are
@@ -12,6 +13,7 @@ use tracing::warn;
 
 pub mod cgroup;
 pub mod ids;
+pub mod procfs;
 
 /// Why a system figure could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -128,32 +128,23 @@ impl Metrics {
 
 /// `process_*` from /proc/self.
 fn process_metrics(out: &mut String) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return };
-    let Some((_, rest)) = stat.rsplit_once(')') else { return };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // From `state` (field 3) on: utime 14, stime 15, starttime 22, rss 24.
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as f64;
-    let boot = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
-        })
-        .unwrap_or(0.0);
+    use hpk_node_resources::procfs::{MachineStat, PidStat, page_size, ticks_per_second};
+    let Some(own) = PidStat::read(None) else { return };
+    let ticks = ticks_per_second() as f64;
+    let boot = MachineStat::read().and_then(|m| m.boot_time).unwrap_or(0) as f64;
     let _ =
         writeln!(out, "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.");
     let _ = writeln!(out, "# TYPE process_cpu_seconds_total counter");
-    let _ = writeln!(out, "process_cpu_seconds_total {}", (field(14) + field(15)) / ticks);
+    let _ = writeln!(out, "process_cpu_seconds_total {}", (own.utime + own.stime) as f64 / ticks);
     let _ = writeln!(out, "# HELP process_resident_memory_bytes Resident memory size in bytes.");
     let _ = writeln!(out, "# TYPE process_resident_memory_bytes gauge");
-    let _ = writeln!(out, "process_resident_memory_bytes {}", field(24) * page);
+    let _ = writeln!(out, "process_resident_memory_bytes {}", own.rss_pages.saturating_mul(page_size()));
     let _ = writeln!(
         out,
         "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds."
     );
     let _ = writeln!(out, "# TYPE process_start_time_seconds gauge");
-    let _ = writeln!(out, "process_start_time_seconds {}", boot + field(22) / ticks);
+    let _ = writeln!(out, "process_start_time_seconds {}", boot + own.start_ticks as f64 / ticks);
 }
 
 #[cfg(test)]

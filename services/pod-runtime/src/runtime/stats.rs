@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex as StdMutex;
 
+use hpk_node_resources::procfs::ticks_per_second;
 use k8s_cri::v1 as cri;
 
 use super::exec::sandbox_processes;
@@ -69,12 +70,7 @@ impl std::ops::AddAssign for Usage {
 
 /// Parses `/proc/<pid>/stat` and the `Rss*` lines of `/proc/<pid>/status`.
 pub(crate) fn parse_usage(stat: &str, status: &str) -> Option<Usage> {
-    // After the command name (which may hold spaces and parentheses), fields from `state` on:
-    // minflt is field 10 of stat (index 7 here), majflt 12, utime 14, stime 15, cutime 16,
-    // cstime 17.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let field =
-        |n: usize| fields.get(n - 3).and_then(|f| f.parse::<i64>().ok()).map(|v| v.max(0).unsigned_abs());
+    let stat = hpk_node_resources::procfs::PidStat::parse(stat)?;
     let kib = |name: &str| -> u64 {
         status
             .lines()
@@ -85,11 +81,11 @@ pub(crate) fn parse_usage(stat: &str, status: &str) -> Option<Usage> {
             * 1024
     };
     Some(Usage {
-        ticks: field(14)? + field(15)? + field(16)? + field(17)?,
+        ticks: stat.utime + stat.stime + stat.cutime + stat.cstime,
         resident: kib("VmRSS:"),
         anonymous: kib("RssAnon:"),
-        minor_faults: field(10)?,
-        major_faults: field(12)?,
+        minor_faults: stat.minor_faults,
+        major_faults: stat.major_faults,
         processes: 1,
     })
 }
@@ -100,14 +96,6 @@ fn usage_of(host_pid: i32) -> Option<Usage> {
     parse_usage(&stat, &status)
 }
 
-fn ticks_per_second() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|t| u64::try_from(t).ok())
-        .filter(|t| *t > 0)
-        .unwrap_or(100)
-}
 
 /// Usage of the sandbox's processes: all of them, and per mount namespace (container).
 fn sandbox_usage(pause_pid: u32) -> (Usage, HashMap<std::path::PathBuf, Usage>) {

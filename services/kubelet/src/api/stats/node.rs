@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use hpk_node_resources::procfs::MachineStat;
 use tracing::warn;
 
 use super::summary::{FsStats, InterfaceStats, MemoryStats, NetworkStats, Timestamp};
@@ -23,29 +24,11 @@ pub struct ProcStat {
 /// Busy time is user + nice + system + irq + softirq + steal of the aggregate `cpu` line: idle
 /// and iowait are not work, and guest time is already counted in user.
 pub fn parse_proc_stat(text: &str, ticks_per_second: u64) -> Option<ProcStat> {
-    let mut busy = None;
-    let mut boot_time = None;
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        match fields.next() {
-            Some("cpu") => busy = busy_ticks(fields),
-            Some("btime") => {
-                boot_time = fields.next().and_then(|v| v.parse().ok()).map(Timestamp::from_unix_seconds);
-            }
-            _ => {}
-        }
-    }
-    Some(ProcStat { busy_core_nanos: ticks_to_nanos(busy?, ticks_per_second)?, boot_time })
-}
-
-/// The busy ticks of a `cpu` line's counters: user nice system idle iowait irq softirq steal ….
-fn busy_ticks<'a>(fields: impl Iterator<Item = &'a str>) -> Option<u64> {
-    let values: Vec<u64> = fields.map(str::parse).collect::<Result<_, _>>().ok()?;
-    if values.len() < 4 {
-        return None;
-    }
-    let at = |i: usize| values.get(i).copied().unwrap_or(0);
-    Some([0, 1, 2, 5, 6, 7].into_iter().map(at).fold(0, u64::saturating_add))
+    let stat = MachineStat::parse(text);
+    Some(ProcStat {
+        busy_core_nanos: ticks_to_nanos(stat.busy_ticks?, ticks_per_second)?,
+        boot_time: stat.boot_time.and_then(|s| i64::try_from(s).ok()).map(Timestamp::from_unix_seconds),
+    })
 }
 
 fn ticks_to_nanos(ticks: u64, ticks_per_second: u64) -> Option<u64> {
@@ -56,15 +39,7 @@ fn ticks_to_nanos(ticks: u64, ticks_per_second: u64) -> Option<u64> {
     u64::try_from(u128::from(ticks) * 1_000_000_000 / per_second).ok()
 }
 
-/// Clock ticks per second of `/proc/stat`'s counters (100 when `sysconf` does not say).
-pub fn ticks_per_second() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .and_then(|t| u64::try_from(t).ok())
-        .filter(|t| *t > 0)
-        .unwrap_or(100)
-}
+pub use hpk_node_resources::procfs::ticks_per_second;
 
 /// The lines of `/proc/meminfo` the summary needs, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
