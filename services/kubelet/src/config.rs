@@ -171,19 +171,19 @@ impl KubeletArgs {
 
     /// The node's name: the flag, else `hpk-connector` in connector mode, else the host's name
     /// in lower case.
-    pub fn node_name(&self) -> Result<String, String> {
+    pub fn node_name(&self) -> Result<String, FlagError> {
         let name = match &self.node_name {
             Some(name) => name.clone(),
             None if self.connector() => CONNECTOR_NODE_NAME.to_owned(),
             None => nix::unistd::gethostname()
-                .map_err(|e| format!("reading the hostname: {e}"))?
+                .map_err(FlagError::Hostname)?
                 .to_string_lossy()
                 .to_lowercase(),
         };
         if is_dns_subdomain(&name) {
             Ok(name)
         } else {
-            Err(format!("node name {name:?} is not a DNS-1123 subdomain"))
+            Err(FlagError::NodeName(name))
         }
     }
 
@@ -198,6 +198,52 @@ impl KubeletArgs {
     }
 }
 
+/// A flag's value that is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    /// The host's name could not be read.
+    #[error("reading the hostname: {0}")]
+    Hostname(#[source] nix::Error),
+    /// A node name Kubernetes refuses.
+    #[error("node name {0:?} is not a DNS-1123 subdomain")]
+    NodeName(String),
+    /// A size of nothing.
+    #[error("{0:?}: a size must be more than nothing")]
+    EmptySize(String),
+    /// A size that is no quantity.
+    #[error(transparent)]
+    Size(#[from] crate::quantity::InvalidQuantity),
+    /// A relative path.
+    #[error("{0:?} is not an absolute path")]
+    NotAbsolute(String),
+    /// An endpoint that is no URI.
+    #[error("{text:?}: {source}")]
+    Uri {
+        /// The flag's value.
+        text: String,
+        /// Why.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// An endpoint other than `https://HOST:PORT`.
+    #[error("{0:?} is not https://HOST:PORT")]
+    NotHttpsPort(String),
+    /// A taint without its effect.
+    #[error("taint {0:?}: expected KEY[=VALUE]:EFFECT")]
+    TaintForm(String),
+    /// A taint's unknown effect.
+    #[error("taint {0:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute")]
+    TaintEffect(String),
+    /// A taint's invalid key.
+    #[error("taint {text:?}: invalid key {key:?}")]
+    TaintKey {
+        /// The flag's value.
+        text: String,
+        /// The key.
+        key: String,
+    },
+}
+
 /// A connector's node name unless --node-name says otherwise.
 pub const CONNECTOR_NODE_NAME: &str = "hpk-connector";
 /// The key of the taint a connector's node carries unless --register-with-taint says otherwise.
@@ -205,31 +251,31 @@ pub const CONNECTOR_TAINT_KEY: &str = "hpk.io/connector";
 
 /// An absolute path.
 /// A positive size in bytes, as a quantity (`10Mi`, `65536`).
-fn parse_size(text: &str) -> Result<u64, String> {
+fn parse_size(text: &str) -> Result<u64, FlagError> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_owned());
     match crate::quantity::units(&q) {
         Ok(bytes) if bytes > 0 => Ok(bytes.unsigned_abs()),
-        Ok(_) => Err(format!("{text:?}: a size must be more than nothing")),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => Err(FlagError::EmptySize(text.to_owned())),
+        Err(e) => Err(e.into()),
     }
 }
 
-fn parse_absolute(text: &str) -> Result<PathBuf, String> {
+fn parse_absolute(text: &str) -> Result<PathBuf, FlagError> {
     let path = PathBuf::from(text);
-    if path.is_absolute() { Ok(path) } else { Err(format!("{text:?} is not an absolute path")) }
+    if path.is_absolute() { Ok(path) } else { Err(FlagError::NotAbsolute(text.to_owned())) }
 }
 
 /// `https://HOST:PORT`, nothing else.
-fn parse_endpoint(text: &str) -> Result<String, String> {
+fn parse_endpoint(text: &str) -> Result<String, FlagError> {
     // A file's content (a runtime bubble's runtime-endpoint) ends with a newline.
     let text = text.trim();
-    let uri: http::Uri = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let uri: http::Uri = text.parse().map_err(|source| FlagError::Uri { text: text.to_owned(), source })?;
     let path_ok = uri.path_and_query().is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty());
     match (uri.scheme_str(), uri.authority()) {
         (Some("https"), Some(authority)) if authority.port_u16().is_some() && path_ok => {
             Ok(format!("https://{authority}"))
         }
-        _ => Err(format!("{text:?} is not https://HOST:PORT")),
+        _ => Err(FlagError::NotHttpsPort(text.to_owned())),
     }
 }
 
@@ -247,11 +293,10 @@ pub fn is_dns_subdomain(name: &str) -> bool {
 }
 
 /// Parses `KEY[=VALUE]:EFFECT` as kubectl taint does.
-pub fn parse_taint(text: &str) -> Result<Taint, String> {
-    let (kv, effect) =
-        text.rsplit_once(':').ok_or_else(|| format!("taint {text:?}: expected KEY[=VALUE]:EFFECT"))?;
+pub fn parse_taint(text: &str) -> Result<Taint, FlagError> {
+    let (kv, effect) = text.rsplit_once(':').ok_or_else(|| FlagError::TaintForm(text.to_owned()))?;
     if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-        return Err(format!("taint {text:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"));
+        return Err(FlagError::TaintEffect(text.to_owned()));
     }
     let (key, value) = match kv.split_once('=') {
         Some((k, v)) => (k, Some(v.to_owned())),
@@ -261,7 +306,7 @@ pub fn parse_taint(text: &str) -> Result<Taint, String> {
         && key.len() <= 316
         && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
     if !key_ok {
-        return Err(format!("taint {text:?}: invalid key {key:?}"));
+        return Err(FlagError::TaintKey { text: text.to_owned(), key: key.to_owned() });
     }
     Ok(Taint { key: key.to_owned(), value, effect: effect.to_owned(), time_added: None })
 }
@@ -321,9 +366,9 @@ mod tests {
 
     #[test]
     fn endpoints_are_https_with_a_port() {
-        assert_eq!(parse_endpoint("https://10.1.2.3:7443").as_deref(), Ok("https://10.1.2.3:7443"));
-        assert_eq!(parse_endpoint("https://gpu-01.hpc:7443/").as_deref(), Ok("https://gpu-01.hpc:7443"));
-        assert_eq!(parse_endpoint("https://10.1.2.3:7443\n").as_deref(), Ok("https://10.1.2.3:7443"));
+        assert_eq!(parse_endpoint("https://10.1.2.3:7443").ok().as_deref(), Some("https://10.1.2.3:7443"));
+        assert_eq!(parse_endpoint("https://gpu-01.hpc:7443/").ok().as_deref(), Some("https://gpu-01.hpc:7443"));
+        assert_eq!(parse_endpoint("https://10.1.2.3:7443\n").ok().as_deref(), Some("https://10.1.2.3:7443"));
         for bad in ["http://10.1.2.3:7443", "https://10.1.2.3", "10.1.2.3:7443", "https://h:1/x", ""] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }

@@ -27,6 +27,53 @@ pub struct Policy {
     pub interval: Duration,
 }
 
+/// Why a log could not be rotated.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateError {
+    /// The log could not be looked at.
+    #[error("inspecting {}: {source}", .path.display())]
+    Inspect {
+        /// The log.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log could not be renamed.
+    #[error("renaming {}: {source}", .path.display())]
+    Rename {
+        /// The log.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An old rotated file could not be removed.
+    #[error("removing {}: {source}", .path.display())]
+    Remove {
+        /// The rotated file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime did not reopen the log; it was renamed back.
+    #[error("the runtime did not reopen the log ({message}); left as it was")]
+    NotReopened {
+        /// The runtime's message.
+        message: String,
+    },
+    /// The runtime did not reopen the log, and it could not be renamed back.
+    #[error("the runtime did not reopen the log ({message}), and renaming it back failed: {source}")]
+    NotRestored {
+        /// The runtime's message.
+        message: String,
+        /// Why the rename back failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// What one look at a log did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -89,7 +136,6 @@ async fn rotate_all(
                 .reopen_container_log(cri::ReopenContainerLogRequest { container_id: id })
                 .await
                 .map(drop)
-                .map_err(|status| status.message().to_owned())
         };
         match rotate(Path::new(&path), policy, time::OffsetDateTime::now_utc(), reopen).await {
             Ok(Outcome::Rotated(to)) => {
@@ -112,15 +158,15 @@ pub async fn rotate<F, Fut>(
     policy: Policy,
     now: time::OffsetDateTime,
     reopen: F,
-) -> Result<Outcome, String>
+) -> Result<Outcome, RotateError>
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
 {
     let size = match std::fs::metadata(path) {
         Ok(meta) => meta.len(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Outcome::Kept),
-        Err(e) => return Err(format!("inspecting {}: {e}", path.display())),
+        Err(source) => return Err(RotateError::Inspect { path: path.to_owned(), source }),
     };
     // The old ones first: with the one made below, `max_files - 1` remain.
     prune(path, policy.max_files.saturating_sub(2))?;
@@ -128,16 +174,15 @@ where
         return Ok(Outcome::Kept);
     }
     let rotated = rotated_name(path, now);
-    std::fs::rename(path, &rotated).map_err(|e| format!("renaming {}: {e}", path.display()))?;
+    std::fs::rename(path, &rotated).map_err(|source| RotateError::Rename { path: path.to_owned(), source })?;
     if let Err(error) = reopen().await {
         // Put it back: the runtime's writer still holds that file, and the path must not be
         // left without it.
-        return match std::fs::rename(&rotated, path) {
-            Ok(()) => Err(format!("the runtime did not reopen the log ({error}); left as it was")),
-            Err(e) => {
-                Err(format!("the runtime did not reopen the log ({error}), and renaming it back failed: {e}"))
-            }
-        };
+        let message = error.message().to_owned();
+        return Err(match std::fs::rename(&rotated, path) {
+            Ok(()) => RotateError::NotReopened { message },
+            Err(source) => RotateError::NotRestored { message, source },
+        });
     }
     Ok(Outcome::Rotated(rotated))
 }
@@ -190,14 +235,14 @@ pub fn rotated_files(path: &Path) -> Vec<PathBuf> {
 }
 
 /// Removes the oldest rotated files of `path` until at most `keep` remain.
-fn prune(path: &Path, keep: usize) -> Result<(), String> {
+fn prune(path: &Path, keep: usize) -> Result<(), RotateError> {
     let files = rotated_files(path);
     let excess = files.len().saturating_sub(keep);
     for old in &files[..excess] {
         match std::fs::remove_file(old) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing {}: {e}", old.display())),
+            Err(source) => return Err(RotateError::Remove { path: old.clone(), source }),
         }
     }
     Ok(())
@@ -216,8 +261,8 @@ mod tests {
         time::OffsetDateTime::from_unix_timestamp(1_796_205_600 + i64::from(second)).expect("a time")
     }
 
-    async fn reopened(path: PathBuf) -> Result<(), String> {
-        std::fs::write(&path, "").map_err(|e| e.to_string())
+    async fn reopened(path: PathBuf) -> Result<(), tonic::Status> {
+        std::fs::write(&path, "").map_err(|e| tonic::Status::internal(e.to_string()))
     }
 
     #[tokio::test]
@@ -226,7 +271,7 @@ mod tests {
         let log = dir.path().join("0.log");
         let p = policy(100, 3);
         std::fs::write(&log, vec![b'x'; 100]).expect("write");
-        assert_eq!(rotate(&log, p, at(0), || reopened(log.clone())).await, Ok(Outcome::Kept), "at the size");
+        assert!(matches!(rotate(&log, p, at(0), || reopened(log.clone())).await, Ok(Outcome::Kept)), "at the size");
 
         let mut made = Vec::new();
         for second in 1..=5 {
@@ -249,9 +294,12 @@ mod tests {
         let log = dir.path().join("0.log");
         std::fs::write(&log, vec![b'z'; 500]).expect("write");
         let err =
-            rotate(&log, policy(100, 5), at(0), || async { Err("container 42 is not running".to_owned()) })
-                .await
-                .expect_err("refused");
+            rotate(&log, policy(100, 5), at(0), || async {
+                Err(tonic::Status::failed_precondition("container 42 is not running"))
+            })
+            .await
+            .expect_err("refused")
+            .to_string();
         assert!(err.contains("not running") && err.contains("left as it was"), "{err}");
         assert_eq!(std::fs::metadata(&log).expect("back").len(), 500);
         assert!(rotated_files(&log).is_empty());
@@ -284,6 +332,6 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("0.log");
         let outcome = rotate(&log, policy(1, 2), at(0), || async { panic!("nothing to reopen") }).await;
-        assert_eq!(outcome, Ok(Outcome::Kept));
+        assert!(matches!(outcome, Ok(Outcome::Kept)), "{outcome:?}");
     }
 }

@@ -22,7 +22,7 @@ const RUNTIME_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the kubelet until `shutdown`.
 pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
-    let node_name = args.node_name().map_err(Error::Config)?;
+    let node_name = args.node_name().map_err(|e| Error::Config(e.to_string()))?;
     // The remote runtime's files first: a bad one refuses the start before anything is made.
     let remote = if args.connector() { Some(remote_credentials(&args)?) } else { None };
     hpk_rpc::unix::ensure_private_dir(&args.root_dir)?;
@@ -157,9 +157,36 @@ async fn remote_capacity(remote: &crate::cri::Remote, max_pods: u32) -> Result<n
         .await
         .map_err(|status| bad(format!("asking for its allocation: {}", status.message())))?
         .into_inner();
-    let resources = resources_from(&answer.capacity, max_pods).map_err(bad)?;
+    let resources = resources_from(&answer.capacity, max_pods).map_err(|e| bad(e.to_string()))?;
     tracing::info!(source = %answer.source, ?resources, "the remote runtime's allocation");
     Ok(resources)
+}
+
+/// What is wrong with a remote runtime's allocation.
+#[derive(Debug, thiserror::Error)]
+enum AllocationError {
+    /// A resource every node needs is missing.
+    #[error("its allocation gives no {0}")]
+    Missing(&'static str),
+    /// A quantity does not parse.
+    #[error("its allocation's {name}: {source}")]
+    Quantity {
+        /// The resource.
+        name: String,
+        /// Why.
+        #[source]
+        source: crate::quantity::InvalidQuantity,
+    },
+    /// Nothing would fit.
+    #[error("its allocation has no room for pods: cpu {millicpu}m, memory {memory}, pods {pods}")]
+    NoRoom {
+        /// Millicores.
+        millicpu: i64,
+        /// Bytes.
+        memory: i64,
+        /// Pods.
+        pods: i64,
+    },
 }
 
 /// Resources from quantities as the runtime's allocation gives them. CPU and memory must be
@@ -167,17 +194,17 @@ async fn remote_capacity(remote: &crate::cri::Remote, max_pods: u32) -> Result<n
 fn resources_from(
     capacity: &std::collections::HashMap<String, String>,
     max_pods: u32,
-) -> std::result::Result<node::Resources, String> {
+) -> std::result::Result<node::Resources, AllocationError> {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    let get = |name: &str, required: bool| -> std::result::Result<Option<Quantity>, String> {
+    let get = |name: &'static str, required: bool| -> std::result::Result<Option<Quantity>, AllocationError> {
         match capacity.get(name) {
             Some(value) => Ok(Some(Quantity(value.clone()))),
-            None if required => Err(format!("its allocation gives no {name}")),
+            None if required => Err(AllocationError::Missing(name)),
             None => Ok(None),
         }
     };
-    let bad = |name: &str, e: crate::quantity::InvalidQuantity| format!("its allocation's {name}: {e}");
-    let units = |name: &str| -> std::result::Result<i64, String> {
+    let bad = |name: &str, source| AllocationError::Quantity { name: name.to_owned(), source };
+    let units = |name: &'static str| -> std::result::Result<i64, AllocationError> {
         get(name, false)?.map_or(Ok(0), |q| crate::quantity::units(&q).map_err(|e| bad(name, e)))
     };
     let millicpu =
@@ -189,9 +216,7 @@ fn resources_from(
         None => i64::from(max_pods),
     };
     if millicpu <= 0 || memory <= 0 || pods <= 0 {
-        return Err(format!(
-            "its allocation has no room for pods: cpu {millicpu}m, memory {memory}, pods {pods}"
-        ));
+        return Err(AllocationError::NoRoom { millicpu, memory, pods });
     }
     Ok(node::Resources {
         millicpu,
@@ -288,11 +313,11 @@ mod tests {
 
     #[test]
     fn a_bad_allocation_is_refused_by_name() {
-        let err = resources_from(&map(&[("memory", "1Gi")]), 110).expect_err("no cpu");
+        let err = resources_from(&map(&[("memory", "1Gi")]), 110).expect_err("no cpu").to_string();
         assert!(err.contains("cpu"), "{err}");
-        let err = resources_from(&map(&[("cpu", "lots"), ("memory", "1Gi")]), 110).expect_err("bad cpu");
+        let err = resources_from(&map(&[("cpu", "lots"), ("memory", "1Gi")]), 110).expect_err("bad cpu").to_string();
         assert!(err.contains("cpu"), "{err}");
-        let err = resources_from(&map(&[("cpu", "0"), ("memory", "1Gi")]), 110).expect_err("no room");
+        let err = resources_from(&map(&[("cpu", "0"), ("memory", "1Gi")]), 110).expect_err("no room").to_string();
         assert!(err.contains("no room"), "{err}");
     }
 }

@@ -80,6 +80,17 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
     }
 }
 
+/// The API server could not be asked about a token or a permission.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The TokenReview failed.
+    #[error("TokenReview failed: {0}")]
+    Token(#[source] kube::Error),
+    /// The SubjectAccessReview failed.
+    #[error("SubjectAccessReview failed: {0}")]
+    Access(#[source] kube::Error),
+}
+
 /// Bearer tokens, checked with TokenReview as the node.
 pub struct Authenticator {
     client: kube::Client,
@@ -94,7 +105,7 @@ impl Authenticator {
     }
 
     /// The user `token` belongs to; `Ok(None)` when the API server says it is not valid.
-    pub async fn token(&self, token: &str) -> Result<Option<User>, String> {
+    pub async fn token(&self, token: &str) -> Result<Option<User>, ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(known) = self.cache.get(&key) {
             return Ok(known);
@@ -106,7 +117,7 @@ impl Authenticator {
         let answer = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| format!("TokenReview failed: {e}"))?;
+            .map_err(ReviewError::Token)?;
         let status = answer.status.unwrap_or_default();
         let user = match (status.authenticated, status.user) {
             (Some(true), Some(info)) => Some(User {
@@ -194,7 +205,7 @@ impl Authorizer {
     }
 
     /// May `user` do `attrs` on this node?
-    pub async fn decide(&self, user: &User, attrs: &Attributes) -> Result<Decision, String> {
+    pub async fn decide(&self, user: &User, attrs: &Attributes) -> Result<Decision, ReviewError> {
         for subresource in attrs.subresources {
             if self.allowed(user, attrs.verb, subresource).await? {
                 return Ok(Decision::Allow);
@@ -213,7 +224,7 @@ impl Authorizer {
         user: &User,
         verb: &'static str,
         subresource: &'static str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ReviewError> {
         let key = (user.clone(), verb, subresource);
         if let Some(known) = self.cache.get(&key) {
             return Ok(known);
@@ -240,7 +251,7 @@ impl Authorizer {
         let answer = Api::<SubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+            .map_err(ReviewError::Access)?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         let ttl = if allowed { self.allowed_ttl } else { self.denied_ttl };
         self.cache.put(key, allowed, ttl);

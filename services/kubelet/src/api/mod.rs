@@ -153,7 +153,7 @@ pub async fn serve(
                 None => Peer::Anonymous,
                 Some(der) => match tls::certificate_user(der) {
                     Ok((name, groups)) => Peer::Certificate(auth::User::from_certificate(name, groups)),
-                    Err(e) => Peer::Unreadable(e),
+                    Err(e) => Peer::Unreadable(e.to_string()),
                 },
             };
             let service = hyper::service::service_fn(move |req| {

@@ -209,7 +209,7 @@ impl KubeletApi {
             Ok(None) => Err(unauthorized("the token review refused the token")),
             Err(e) => {
                 tracing::warn!(error = %e, "kubelet API: token review failed");
-                Err(unauthorized(&e))
+                Err(unauthorized(&e.to_string()))
             }
         }
     }

@@ -48,7 +48,7 @@ pub async fn prepare(
             None
         }
     };
-    let config = tls::server_config(serving, client_ca.as_deref()).map_err(Error::Config)?;
+    let config = tls::server_config(serving, client_ca.as_deref()).map_err(|e| Error::Config(e.to_string()))?;
     let address = SocketAddr::new(args.address.unwrap_or(args.node_ip), args.kubelet_port);
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -103,7 +103,7 @@ async fn serving_certificate(
     shutdown: &CancellationToken,
 ) -> Result<Arc<ServingCert>> {
     if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_private_key_file) {
-        return ServingCert::from_files(cert, key).map(Arc::new).map_err(Error::Config);
+        return ServingCert::from_files(cert, key).map(Arc::new).map_err(|e| Error::Config(e.to_string()));
     }
     let url = match (&args.cert_signer_url, &args.cert_signer_address_file) {
         (Some(url), _) => url.clone(),
@@ -128,14 +128,14 @@ async fn serving_certificate(
         .as_deref()
         .ok_or_else(|| Error::Config("--node-token-file is needed with the cert-signer".into()))?;
     let ca = read(ca_path, "--cert-signer-ca")?;
-    tls::check_private(token_path).map_err(Error::Config)?;
+    tls::check_private(token_path).map_err(|e| Error::Config(e.to_string()))?;
     let token = String::from_utf8(read(token_path, "--node-token-file")?)
         .map_err(|_| Error::Config(format!("{} is not text", token_path.display())))?
         .trim()
         .to_owned();
     let identity = match (&args.cert_signer_client_cert, &args.cert_signer_client_key) {
         (Some(cert), Some(key)) => {
-            tls::check_private(key).map_err(Error::Config)?;
+            tls::check_private(key).map_err(|e| Error::Config(e.to_string()))?;
             Some((read(cert, "--cert-signer-client-cert")?, read(key, "--cert-signer-client-key")?))
         }
         _ => None,
@@ -177,7 +177,7 @@ async fn serving_certificate(
     };
     tracing::info!(serial = %creds.serial, "serving certificate issued by the cert-signer");
     let serving = Arc::new(
-        ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes()).map_err(Error::Signer)?,
+        ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes()).map_err(|e| Error::Signer(e.to_string()))?,
     );
     let (tx, mut rx) = watch::channel(creds.clone());
     tokio::spawn(keep_renewed(client, request, creds, None, tx, shutdown.clone()));

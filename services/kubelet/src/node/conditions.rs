@@ -111,7 +111,7 @@ fn count_processes() -> Result<i64, NodeError> {
 }
 
 /// MemoryPressure from `MemAvailable` (or why it could not be read).
-pub fn memory(available: Result<i64, String>) -> Check {
+pub fn memory(available: Result<i64, NodeError>) -> Check {
     let kind = "MemoryPressure";
     match available {
         Ok(bytes) if bytes < MEMORY_AVAILABLE_MIN => Check {
@@ -134,7 +134,7 @@ pub fn memory(available: Result<i64, String>) -> Check {
 }
 
 /// DiskPressure from the state directory's filesystem: less than `min_percent` available.
-pub fn disk(fs: Result<Filesystem, String>, min_percent: u8) -> Check {
+pub fn disk(fs: Result<Filesystem, NodeError>, min_percent: u8) -> Check {
     let kind = "DiskPressure";
     match fs {
         Ok(fs) if fs.available.saturating_mul(100) < fs.total.saturating_mul(i64::from(min_percent)) => {
@@ -158,7 +158,7 @@ pub fn disk(fs: Result<Filesystem, String>, min_percent: u8) -> Check {
 }
 
 /// PIDPressure: more than 90 % of the lower of `pid_max` and `threads-max` in use.
-pub fn pid(pids: Result<Pids, String>) -> Check {
+pub fn pid(pids: Result<Pids, NodeError>) -> Check {
     let kind = "PIDPressure";
     match pids {
         Ok(p) => {
@@ -186,7 +186,8 @@ pub fn pid(pids: Result<Pids, String>) -> Check {
 }
 
 /// A pressure the kubelet could not measure is not claimed; the message says why.
-fn unmeasured(kind: &'static str, reason: &'static str, error: &str) -> Check {
+fn unmeasured(kind: &'static str, reason: &'static str, error: &NodeError) -> Check {
+    let error = super::error_chain(error);
     Check { kind, status: false, reason, message: format!("kubelet could not measure this: {error}") }
 }
 
@@ -235,7 +236,11 @@ mod tests {
         assert!(memory(Ok(99 * MIB)).status);
         assert!(!memory(Ok(100 * MIB)).status);
         assert!(!memory(Ok(8 << 30)).status);
-        let failed = memory(Err("no /proc".into()));
+        let failed = memory(Err(NodeError::System(hpk_node_resources::Error::Read {
+            what: "memory",
+            path: "/proc/meminfo".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no /proc"),
+        })));
         assert!(!failed.status && failed.message.contains("no /proc"));
     }
 

@@ -273,15 +273,11 @@ impl Loop {
             }
         };
         let (runtime, forwarder): (Probe, Option<Probe>) = tokio::join!(probe::runtime(&self.cri), forwarder);
-        let text = |e: NodeError| error_chain(&e);
         vec![
             conditions::ready(&runtime, forwarder.as_ref()),
-            conditions::memory(conditions::memory_available().map_err(text)),
-            conditions::disk(
-                conditions::filesystem(&self.config.root_dir).map_err(text),
-                self.config.disk_pressure_percent,
-            ),
-            conditions::pid(conditions::pids().map_err(text)),
+            conditions::memory(conditions::memory_available()),
+            conditions::disk(conditions::filesystem(&self.config.root_dir), self.config.disk_pressure_percent),
+            conditions::pid(conditions::pids()),
         ]
     }
 

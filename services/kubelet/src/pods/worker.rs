@@ -520,3 +520,6 @@ impl Worker {
         self.refresh().await;
     }
 }
+
+#[cfg(test)]
+mod tests;

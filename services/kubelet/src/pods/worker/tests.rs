@@ -1,0 +1,201 @@
+//! The worker over the recording fake runtime: each action carried out, and a failure at each
+//! CRI call reported with its reason, tried again later, and leaving nothing half-made.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::*;
+use crate::cri::fake::FakeCri;
+use crate::cri::{Cri, CriCall, CriFailure};
+use crate::node::{NodeState, Resources};
+use crate::pods::record::State;
+
+struct Harness {
+    fake: Arc<FakeCri>,
+    worker: Worker,
+    _dir: tempfile::TempDir,
+}
+
+fn harness(spec: serde_json::Value) -> Harness {
+    let dir = tempfile::tempdir().expect("tmp");
+    let fake = Arc::new(FakeCri::default());
+    // Nothing listens there: the API calls (events) fail quietly.
+    let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().expect("uri")))
+        .expect("client");
+    let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+    let allocatable =
+        Resources { millicpu: 4000, memory: 8 << 30, ephemeral_storage: 1 << 30, gpus: 0, pods: 10 };
+    let (_, node) = watch::channel(NodeState { allocatable, ready: true, message: String::new() });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        cri: Cri {
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            remote: None,
+        },
+        runtime: fake.clone(),
+        objects: crate::objects::ApiObjects::new(client.clone()),
+        events: crate::events::Events::new(client, "node"),
+        node_name: "node".into(),
+        host_ip: "10.0.0.1".into(),
+        pods_dir: dir.path().join("pods"),
+        logs_dir: dir.path().join("logs"),
+        dns: crate::cri_config::DnsSettings::default(),
+        node,
+        admitted: Mutex::default(),
+        summaries: Mutex::new(BTreeMap::new()),
+        pods: Mutex::new(BTreeMap::new()),
+        ids: None,
+        forbidden_host_paths: Vec::new(),
+    });
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": spec,
+    }))
+    .expect("pod");
+    let (probe_tx, _) = mpsc::channel(8);
+    Harness { fake, worker: Worker::new(ctx, Arc::new(pod), probe_tx), _dir: dir }
+}
+
+fn app() -> serde_json::Value {
+    json!({"containers": [{"name": "app", "image": "busybox:1.36"}]})
+}
+
+fn waiting_reason(worker: &Worker, i: usize) -> String {
+    match &worker.state.containers[i].state {
+        State::Waiting { reason, .. } => reason.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The wake-up is about `delay` from now.
+fn wakes_in(worker: &Worker, delay: Duration) -> bool {
+    worker.wake.is_some_and(|at| {
+        let left = at.saturating_duration_since(Instant::now());
+        left <= delay && left + Duration::from_secs(2) >= delay
+    })
+}
+
+#[tokio::test]
+async fn a_pod_is_admitted_given_a_sandbox_and_its_container_started() {
+    let mut h = harness(app());
+    h.worker.sync().await;
+    assert_eq!(h.worker.state.step, Step::Running);
+    assert_eq!(h.worker.state.phase, Phase::Running);
+    assert!(h.worker.state.containers[0].running());
+    let calls = h.fake.calls();
+    for call in [CriCall::RunPodSandbox, CriCall::PullImage, CriCall::CreateContainer, CriCall::StartContainer] {
+        assert!(calls.contains(&call), "{call:?} in {calls:?}");
+    }
+    // Level-triggered: another wake-up with nothing new makes nothing again.
+    let before = h.fake.calls().len();
+    h.worker.sync().await;
+    let again = h.fake.calls().split_off(before);
+    assert!(!again.iter().any(|c| matches!(c, CriCall::RunPodSandbox | CriCall::CreateContainer)), "{again:?}");
+}
+
+#[tokio::test]
+async fn a_failed_sandbox_is_reported_backed_off_and_left_nowhere() {
+    for failing in [CriCall::RunPodSandbox, CriCall::PodSandboxStatus] {
+        let mut h = harness(app());
+        h.fake.fail(failing, CriFailure::Failed);
+        h.worker.sync().await;
+        assert!(h.worker.state.sandbox.is_none(), "{failing:?}");
+        assert!(h.fake.lock().sandboxes.is_empty(), "{failing:?}: no sandbox is left half-made");
+        assert!(h.fake.lock().containers.is_empty());
+        assert!(!h.worker.state.message.is_empty(), "{failing:?}: the pod says why");
+        assert!(h.worker.state.sandbox_backoff.waiting(Instant::now()), "{failing:?}");
+        assert!(wakes_in(&h.worker, Duration::from_secs(10)), "{failing:?}: tried again after the back-off");
+        // Healed, and its back-off over, the next wake-up makes it.
+        h.fake.heal(failing);
+        h.worker.state.sandbox_backoff.reset();
+        h.worker.sync().await;
+        assert!(h.worker.state.containers[0].running(), "{failing:?}");
+        assert_eq!(h.fake.lock().sandboxes.len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_failed_pull_is_err_image_pull_then_image_pull_back_off() {
+    let mut h = harness(app());
+    h.fake.fail(CriCall::PullImage, CriFailure::Failed);
+    h.worker.sync().await;
+    assert_eq!(waiting_reason(&h.worker, 0), "ErrImagePull");
+    assert!(h.fake.lock().containers.is_empty(), "no container without its image");
+    assert!(wakes_in(&h.worker, Duration::from_secs(10)));
+    h.worker.state.containers[0].pull_backoff = {
+        // Its first back-off is over.
+        let mut b = crate::pods::backoff::Backoff::default();
+        b.fail(Instant::now() - Duration::from_secs(11));
+        b
+    };
+    h.worker.sync().await;
+    assert_eq!(waiting_reason(&h.worker, 0), "ImagePullBackOff");
+    assert!(wakes_in(&h.worker, Duration::from_secs(20)), "the back-off doubled");
+}
+
+#[tokio::test]
+async fn a_failed_create_is_create_container_error_with_the_restart_back_off() {
+    let mut h = harness(app());
+    h.fake.fail(CriCall::CreateContainer, CriFailure::Failed);
+    h.worker.sync().await;
+    assert_eq!(waiting_reason(&h.worker, 0), "CreateContainerError");
+    assert!(h.fake.lock().containers.is_empty());
+    assert!(h.worker.state.containers[0].id.is_none(), "no container is recorded");
+    assert!(h.worker.state.containers[0].restart_backoff.waiting(Instant::now()));
+    assert!(wakes_in(&h.worker, Duration::from_secs(10)));
+    assert_eq!(h.worker.state.phase, Phase::Pending);
+}
+
+#[tokio::test]
+async fn a_failed_start_is_run_container_error_and_the_next_attempt_makes_a_new_one() {
+    let mut h = harness(app());
+    h.fake.fail(CriCall::StartContainer, CriFailure::Failed);
+    h.worker.sync().await;
+    assert_eq!(waiting_reason(&h.worker, 0), "RunContainerError");
+    let first = h.worker.state.containers[0].id.clone().expect("the created container is recorded");
+    h.fake.heal(CriCall::StartContainer);
+    h.worker.sync().await;
+    assert!(h.worker.state.containers[0].running());
+    assert_ne!(h.worker.state.containers[0].id.as_deref(), Some(first.as_str()), "a new container");
+}
+
+#[tokio::test]
+async fn a_liveness_failure_restarts_the_container() {
+    let mut h = harness(app());
+    h.worker.sync().await;
+    let first = h.worker.state.containers[0].id.clone().expect("runs");
+    h.worker.state.containers[0].failed_probe = Some(ProbeKind::Liveness);
+    h.worker.sync().await;
+    let calls = h.fake.calls();
+    assert!(calls.contains(&CriCall::StopContainer), "{calls:?}");
+    let c = &h.worker.state.containers[0];
+    assert!(c.running(), "restarted at once, the first time");
+    assert_ne!(c.id.as_deref(), Some(first.as_str()));
+    assert_eq!(c.restart_count, 1);
+    assert_eq!(c.last.as_ref().map(|e| e.exit_code), Some(137));
+}
+
+#[tokio::test]
+async fn termination_retries_a_sandbox_that_would_not_go() {
+    let mut h = harness(app());
+    h.worker.sync().await;
+    h.worker.state.deleted = true;
+    h.fake.fail(CriCall::RemovePodSandbox, CriFailure::Unavailable);
+    h.worker.sync().await;
+    assert_eq!(h.worker.state.step, Step::Terminating);
+    assert!(h.worker.state.sandbox.is_some(), "kept, to be removed again");
+    assert!(wakes_in(&h.worker, crate::pods::error::RETRY));
+    h.fake.heal(CriCall::RemovePodSandbox);
+    h.worker.sync().await;
+    assert_eq!(h.worker.state.step, Step::Terminated);
+    assert!(h.fake.lock().sandboxes.is_empty());
+    assert!(lock(&h.worker.ctx.admitted).is_empty(), "its requests are released");
+}
