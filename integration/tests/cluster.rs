@@ -1,7 +1,7 @@
 //! The upstream control plane on a test host, driven through kube-rs and kubectl.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hpk_integration::controlplane::ControlPlane;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -15,14 +15,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    hpk_integration::eventually(what, Duration::from_secs(60), &mut check, String::new).await
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {

@@ -80,11 +80,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what}: not within 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let check = || {
+        let holds = f();
+        async move { holds.await.then_some(()) }
+    };
+    hpk_test_support::eventually(what, Duration::from_secs(10), check, String::new).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hpk_integration::netns::{Host, TestNetwork};
 use hpk_integration::registry::{Registry, TestImages};
@@ -382,7 +382,7 @@ impl Drop for Env {
     }
 }
 
-/// Polls `check` every 250 ms until it returns Some, panicking after `within`.
+/// Polls `check` every 100 ms until it returns Some, panicking after `within`.
 pub fn eventually<T>(what: &str, within: Duration, check: impl FnMut() -> Option<T>) -> T {
     eventually_or(what, within, check, String::new)
 }
@@ -394,14 +394,7 @@ pub fn eventually_or<T>(
     mut check: impl FnMut() -> Option<T>,
     diagnose: impl Fn() -> String,
 ) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}\n{}", diagnose());
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    hpk_test_support::eventually_blocking(what, within, &mut check, diagnose)
 }
 
 /// `KUBECTL apply -f -` with `manifest` on its stdin; panics with kubectl's output on failure.
