@@ -4,6 +4,7 @@
 //!   `grpc.health.v1` and server reflection, stopping gracefully when a token is cancelled.
 //!   With [`Listener::mutual_tls`], only clients with a certificate from a given CA are served,
 //!   and one port carries gRPC (`h2`) and an HTTP/1.1 handler (`http/1.1`) side by side.
+//!   Every call runs in a DEBUG span `rpc` ([`trace`]: method, peer, code, latency).
 //! - [`connect`]: open a channel to such a server over a UNIX socket or TLS with a pinned CA,
 //!   presenting a client certificate where the server asks for one.
 //! - [`mtls`]: the rustls configurations of mutual TLS.
@@ -25,6 +26,7 @@ pub mod readiness;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace;
 pub mod unix;
 
 pub use error::{Error, Result};

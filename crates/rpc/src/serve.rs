@@ -16,6 +16,7 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::log_limit::LogLimit;
+use crate::trace::TraceLayer;
 use crate::{Error, Result, mtls};
 
 /// How long in-flight requests may run after shutdown begins.
@@ -183,7 +184,8 @@ impl Services {
 }
 
 /// Serves `services` on `listener` until `shutdown` is cancelled, then stops accepting, reports
-/// NOT_SERVING, and gives in-flight requests [`DRAIN_DEADLINE`] to finish.
+/// NOT_SERVING, and gives in-flight requests [`DRAIN_DEADLINE`] to finish. Every call runs in
+/// an `rpc` span ([`crate::trace`]).
 pub async fn serve(listener: Listener, services: Services, shutdown: CancellationToken) -> Result<()> {
     let Services { mut routes, names, descriptor_sets, readiness } = services;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -223,7 +225,10 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             info!(socket = %path.display(), "serving gRPC on UNIX socket");
             let incoming = UnixListenerStream::new(listener);
             let result = drain(
-                Server::builder().add_routes(routes).serve_with_incoming_shutdown(incoming, stopping),
+                Server::builder()
+                    .layer(TraceLayer)
+                    .add_routes(routes)
+                    .serve_with_incoming_shutdown(incoming, stopping),
                 &shutdown,
             )
             .await;
@@ -241,6 +246,7 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             let result = drain(
                 bounded(Server::builder())
                     .tls_config(tls.timeout(mtls::HANDSHAKE_TIMEOUT))?
+                    .layer(TraceLayer)
                     .add_routes(routes)
                     .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), stopping),
                 &shutdown,
@@ -257,6 +263,7 @@ pub async fn serve(listener: Listener, services: Services, shutdown: Cancellatio
             let acceptor = tokio::spawn(accept_mutual_tls(listener, config, http1, tx, shutdown.clone()));
             let result = drain(
                 bounded(Server::builder())
+                    .layer(TraceLayer)
                     .add_routes(routes)
                     .serve_with_incoming_shutdown(tokio_stream::wrappers::ReceiverStream::new(rx), stopping),
                 &shutdown,
