@@ -175,16 +175,9 @@ impl KubeletArgs {
         let name = match &self.node_name {
             Some(name) => name.clone(),
             None if self.connector() => CONNECTOR_NODE_NAME.to_owned(),
-            None => nix::unistd::gethostname()
-                .map_err(FlagError::Hostname)?
-                .to_string_lossy()
-                .to_lowercase(),
+            None => nix::unistd::gethostname().map_err(FlagError::Hostname)?.to_string_lossy().to_lowercase(),
         };
-        if is_dns_subdomain(&name) {
-            Ok(name)
-        } else {
-            Err(FlagError::NodeName(name))
-        }
+        if is_dns_subdomain(&name) { Ok(name) } else { Err(FlagError::NodeName(name)) }
     }
 
     /// Where pod logs go.
@@ -367,7 +360,10 @@ mod tests {
     #[test]
     fn endpoints_are_https_with_a_port() {
         assert_eq!(parse_endpoint("https://10.1.2.3:7443").ok().as_deref(), Some("https://10.1.2.3:7443"));
-        assert_eq!(parse_endpoint("https://gpu-01.hpc:7443/").ok().as_deref(), Some("https://gpu-01.hpc:7443"));
+        assert_eq!(
+            parse_endpoint("https://gpu-01.hpc:7443/").ok().as_deref(),
+            Some("https://gpu-01.hpc:7443")
+        );
         assert_eq!(parse_endpoint("https://10.1.2.3:7443\n").ok().as_deref(), Some("https://10.1.2.3:7443"));
         for bad in ["http://10.1.2.3:7443", "https://10.1.2.3", "10.1.2.3:7443", "https://h:1/x", ""] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");

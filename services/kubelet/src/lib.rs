@@ -13,6 +13,7 @@ pub mod events;
 pub mod log_rotation;
 /// The bubble's ID mappings (`hpk-node-resources`).
 pub use hpk_node_resources::ids as idmap;
+pub mod cri_config;
 pub mod node;
 pub mod objects;
 pub mod pods;
@@ -20,7 +21,6 @@ pub mod probes;
 pub mod quantity;
 pub mod remote_files;
 mod server;
-pub mod cri_config;
 pub mod volumes;
 
 pub use error::{Error, Result};

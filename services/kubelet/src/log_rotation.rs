@@ -174,7 +174,8 @@ where
         return Ok(Outcome::Kept);
     }
     let rotated = rotated_name(path, now);
-    std::fs::rename(path, &rotated).map_err(|source| RotateError::Rename { path: path.to_owned(), source })?;
+    std::fs::rename(path, &rotated)
+        .map_err(|source| RotateError::Rename { path: path.to_owned(), source })?;
     if let Err(error) = reopen().await {
         // Put it back: the runtime's writer still holds that file, and the path must not be
         // left without it.
@@ -271,7 +272,10 @@ mod tests {
         let log = dir.path().join("0.log");
         let p = policy(100, 3);
         std::fs::write(&log, vec![b'x'; 100]).expect("write");
-        assert!(matches!(rotate(&log, p, at(0), || reopened(log.clone())).await, Ok(Outcome::Kept)), "at the size");
+        assert!(
+            matches!(rotate(&log, p, at(0), || reopened(log.clone())).await, Ok(Outcome::Kept)),
+            "at the size"
+        );
 
         let mut made = Vec::new();
         for second in 1..=5 {
@@ -293,13 +297,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("0.log");
         std::fs::write(&log, vec![b'z'; 500]).expect("write");
-        let err =
-            rotate(&log, policy(100, 5), at(0), || async {
-                Err(tonic::Status::failed_precondition("container 42 is not running"))
-            })
-            .await
-            .expect_err("refused")
-            .to_string();
+        let err = rotate(&log, policy(100, 5), at(0), || async {
+            Err(tonic::Status::failed_precondition("container 42 is not running"))
+        })
+        .await
+        .expect_err("refused")
+        .to_string();
         assert!(err.contains("not running") && err.contains("left as it was"), "{err}");
         assert_eq!(std::fs::metadata(&log).expect("back").len(), 500);
         assert!(rotated_files(&log).is_empty());

@@ -79,12 +79,10 @@ pub async fn ship(
                 .map_err(|e| ShipError::Task { path: mount.host_path.clone(), reason: e.to_string() })??
         };
         let request = PutFilesRequest { pod_uid: pod_uid.to_owned(), key, directory, entries };
-        let answer = remote
-            .api
-            .clone()
-            .put_files(request)
-            .await
-            .map_err(|status| ShipError::Send { path: local.clone(), message: status.message().to_owned() })?;
+        let answer = remote.api.clone().put_files(request).await.map_err(|status| ShipError::Send {
+            path: local.clone(),
+            message: status.message().to_owned(),
+        })?;
         mount.host_path = answer.into_inner().path;
     }
     Ok(mounts)

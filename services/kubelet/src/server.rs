@@ -10,12 +10,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::KubeletArgs;
 use crate::cri::Cri;
+use crate::cri_config::DnsSettings;
 use crate::error::{Error, Result};
 use crate::events::Events;
 use crate::node::{self, NodeConfig};
 use crate::objects::ApiObjects;
 use crate::pods::{self, Context};
-use crate::cri_config::DnsSettings;
 
 /// How long start-up waits for the runtime's socket to answer.
 const RUNTIME_WAIT: Duration = Duration::from_secs(30);
@@ -196,13 +196,14 @@ fn resources_from(
     max_pods: u32,
 ) -> std::result::Result<node::Resources, AllocationError> {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    let get = |name: &'static str, required: bool| -> std::result::Result<Option<Quantity>, AllocationError> {
-        match capacity.get(name) {
-            Some(value) => Ok(Some(Quantity(value.clone()))),
-            None if required => Err(AllocationError::Missing(name)),
-            None => Ok(None),
-        }
-    };
+    let get =
+        |name: &'static str, required: bool| -> std::result::Result<Option<Quantity>, AllocationError> {
+            match capacity.get(name) {
+                Some(value) => Ok(Some(Quantity(value.clone()))),
+                None if required => Err(AllocationError::Missing(name)),
+                None => Ok(None),
+            }
+        };
     let bad = |name: &str, source| AllocationError::Quantity { name: name.to_owned(), source };
     let units = |name: &'static str| -> std::result::Result<i64, AllocationError> {
         get(name, false)?.map_or(Ok(0), |q| crate::quantity::units(&q).map_err(|e| bad(name, e)))
@@ -315,9 +316,12 @@ mod tests {
     fn a_bad_allocation_is_refused_by_name() {
         let err = resources_from(&map(&[("memory", "1Gi")]), 110).expect_err("no cpu").to_string();
         assert!(err.contains("cpu"), "{err}");
-        let err = resources_from(&map(&[("cpu", "lots"), ("memory", "1Gi")]), 110).expect_err("bad cpu").to_string();
+        let err = resources_from(&map(&[("cpu", "lots"), ("memory", "1Gi")]), 110)
+            .expect_err("bad cpu")
+            .to_string();
         assert!(err.contains("cpu"), "{err}");
-        let err = resources_from(&map(&[("cpu", "0"), ("memory", "1Gi")]), 110).expect_err("no room").to_string();
+        let err =
+            resources_from(&map(&[("cpu", "0"), ("memory", "1Gi")]), 110).expect_err("no room").to_string();
         assert!(err.contains("no room"), "{err}");
     }
 }

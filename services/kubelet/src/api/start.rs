@@ -48,7 +48,8 @@ pub async fn prepare(
             None
         }
     };
-    let config = tls::server_config(serving, client_ca.as_deref()).map_err(|e| Error::Config(e.to_string()))?;
+    let config =
+        tls::server_config(serving, client_ca.as_deref()).map_err(|e| Error::Config(e.to_string()))?;
     let address = SocketAddr::new(args.address.unwrap_or(args.node_ip), args.kubelet_port);
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -177,7 +178,8 @@ async fn serving_certificate(
     };
     tracing::info!(serial = %creds.serial, "serving certificate issued by the cert-signer");
     let serving = Arc::new(
-        ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes()).map_err(|e| Error::Signer(e.to_string()))?,
+        ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes())
+            .map_err(|e| Error::Signer(e.to_string()))?,
     );
     let (tx, mut rx) = watch::channel(creds.clone());
     tokio::spawn(keep_renewed(client, request, creds, None, tx, shutdown.clone()));

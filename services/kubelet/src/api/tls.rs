@@ -81,7 +81,8 @@ impl ServingCert {
 
     /// Reads the chain and key files (the key must not be readable by others).
     pub fn from_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let read = |p: &Path| std::fs::read(p).map_err(|source| TlsError::Read { path: p.to_owned(), source });
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|source| TlsError::Read { path: p.to_owned(), source });
         check_private(key)?;
         Self::from_pem(&read(cert)?, &read(key)?)
     }
@@ -111,8 +112,9 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// Parses a PEM chain and its key, and checks they belong together.
 pub fn certified_key(chain_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, TlsError> {
-    let chain =
-        CertificateDer::pem_slice_iter(chain_pem).collect::<Result<Vec<_>, _>>().map_err(TlsError::CertNotPem)?;
+    let chain = CertificateDer::pem_slice_iter(chain_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(TlsError::CertNotPem)?;
     if chain.is_empty() {
         return Err(TlsError::NoCert);
     }
@@ -124,8 +126,9 @@ pub fn certified_key(chain_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, T
 /// present a certificate, which must chain to that CA (a certificate from another CA fails
 /// the handshake); clients without one go on to token authentication.
 pub fn server_config(cert: Arc<ServingCert>, client_ca_pem: Option<&[u8]>) -> Result<ServerConfig, TlsError> {
-    let builder =
-        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().map_err(TlsError::Versions)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Versions)?;
     let builder = match client_ca_pem {
         Some(pem) => {
             let mut roots = RootCertStore::empty();

@@ -129,7 +129,12 @@ pub trait CriClient: Send + Sync {
     /// Every container.
     fn list_containers(&self) -> CriFuture<'_, Vec<cri::Container>>;
     /// Runs `cmd` in container `id` and waits at most `timeout` (whole seconds, at least 1).
-    fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> CriFuture<'_, cri::ExecSyncResponse>;
+    fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> CriFuture<'_, cri::ExecSyncResponse>;
     /// An image, if present.
     fn image_status(&self, image: cri::ImageSpec) -> CriFuture<'_, Option<cri::Image>>;
     /// Pulls an image; its reference.
@@ -185,8 +190,11 @@ impl CriClient for Cri {
         config: cri::ContainerConfig,
         sandbox_config: Option<cri::PodSandboxConfig>,
     ) -> CriFuture<'_, String> {
-        let request =
-            cri::CreateContainerRequest { pod_sandbox_id: sandbox_id.to_owned(), config: Some(config), sandbox_config };
+        let request = cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            config: Some(config),
+            sandbox_config,
+        };
         call!(self.runtime, CreateContainer, create_container, request, |a| a.container_id)
     }
 
@@ -215,7 +223,12 @@ impl CriClient for Cri {
         call!(self.runtime, ListContainers, list_containers, request, |a| a.containers)
     }
 
-    fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> CriFuture<'_, cri::ExecSyncResponse> {
+    fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> CriFuture<'_, cri::ExecSyncResponse> {
         let request = cri::ExecSyncRequest {
             container_id: id.to_owned(),
             cmd,

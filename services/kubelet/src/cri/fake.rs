@@ -110,7 +110,11 @@ impl CriClient for FakeCri {
     fn pod_sandbox_status(&self, id: &str) -> CriFuture<'_, Option<cri::PodSandboxStatus>> {
         self.record(CriCall::PodSandboxStatus, id, |s| {
             let (config, ready) = s.sandboxes.get(id).ok_or(CriFailure::NotFound)?;
-            let state = if *ready { cri::PodSandboxState::SandboxReady } else { cri::PodSandboxState::SandboxNotready };
+            let state = if *ready {
+                cri::PodSandboxState::SandboxReady
+            } else {
+                cri::PodSandboxState::SandboxNotready
+            };
             Ok(Some(cri::PodSandboxStatus {
                 id: id.to_owned(),
                 metadata: config.metadata.clone(),
@@ -141,7 +145,8 @@ impl CriClient for FakeCri {
         config: cri::ContainerConfig,
         _sandbox_config: Option<cri::PodSandboxConfig>,
     ) -> CriFuture<'_, String> {
-        let (name, attempt) = config.metadata.as_ref().map(|m| (m.name.clone(), m.attempt)).unwrap_or_default();
+        let (name, attempt) =
+            config.metadata.as_ref().map(|m| (m.name.clone(), m.attempt)).unwrap_or_default();
         self.record(CriCall::CreateContainer, &name, |s| {
             if !s.sandboxes.contains_key(sandbox_id) {
                 return Err(CriFailure::NotFound);
@@ -209,7 +214,12 @@ impl CriClient for FakeCri {
         })
     }
 
-    fn exec_sync(&self, id: &str, _cmd: Vec<String>, _timeout: Duration) -> CriFuture<'_, cri::ExecSyncResponse> {
+    fn exec_sync(
+        &self,
+        id: &str,
+        _cmd: Vec<String>,
+        _timeout: Duration,
+    ) -> CriFuture<'_, cri::ExecSyncResponse> {
         self.record(CriCall::ExecSync, id, |s| {
             s.containers.get(id).ok_or(CriFailure::NotFound)?;
             Ok(cri::ExecSyncResponse::default())
@@ -219,7 +229,9 @@ impl CriClient for FakeCri {
     fn image_status(&self, image: cri::ImageSpec) -> CriFuture<'_, Option<cri::Image>> {
         let name = image.image.clone();
         self.record(CriCall::ImageStatus, &name, |s| {
-            Ok(s.images.contains(&name).then(|| cri::Image { id: format!("sha256:{name}"), ..Default::default() }))
+            Ok(s.images
+                .contains(&name)
+                .then(|| cri::Image { id: format!("sha256:{name}"), ..Default::default() }))
         })
     }
 

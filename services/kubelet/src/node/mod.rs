@@ -276,7 +276,10 @@ impl Loop {
         vec![
             conditions::ready(&runtime, forwarder.as_ref()),
             conditions::memory(conditions::memory_available()),
-            conditions::disk(conditions::filesystem(&self.config.root_dir), self.config.disk_pressure_percent),
+            conditions::disk(
+                conditions::filesystem(&self.config.root_dir),
+                self.config.disk_pressure_percent,
+            ),
             conditions::pid(conditions::pids()),
         ]
     }

@@ -96,13 +96,8 @@ pub fn requests(pod: &Pod) -> Result<Requests, RequestsError> {
     }
     for (name, q) in spec.overhead.iter().flatten() {
         match name.as_str() {
-            "cpu" => {
-                sum.millicpu =
-                    sum.millicpu.saturating_add(quantity::millicores(q)?)
-            }
-            "memory" => {
-                sum.memory = sum.memory.saturating_add(quantity::units(q)?)
-            }
+            "cpu" => sum.millicpu = sum.millicpu.saturating_add(quantity::millicores(q)?),
+            "memory" => sum.memory = sum.memory.saturating_add(quantity::units(q)?),
             _ => {}
         }
     }
@@ -211,7 +206,9 @@ mod tests {
     fn requests_sum_containers_and_take_the_larger_init() {
         assert_eq!(requests(&pod("500m", None)), Ok(Requests { millicpu: 600, memory: 64 << 20, gpus: 0 }));
         assert_eq!(requests(&pod("500m", Some("2"))).map(|r| r.millicpu), Ok(2000));
-        assert!(requests(&pod("lots", None)).expect_err("bad quantity").to_string().contains("container a: cpu"));
+        assert!(
+            requests(&pod("lots", None)).expect_err("bad quantity").to_string().contains("container a: cpu")
+        );
     }
 
     #[test]

@@ -107,9 +107,10 @@ impl Worker {
         let attempt = self.state.containers[i].next_attempt();
         let sandbox_config = self.state.sandbox.as_ref().map(|s| s.config.clone());
         let runtime = self.ctx.runtime.clone();
-        let id = runtime.create_container(&sandbox_id, config, sandbox_config).await.map_err(|error| {
-            StepError::new(Reason::CreateContainerError, error.message(), Retry::BackOff)
-        })?;
+        let id = runtime
+            .create_container(&sandbox_id, config, sandbox_config)
+            .await
+            .map_err(|error| StepError::new(Reason::CreateContainerError, error.message(), Retry::BackOff))?;
         self.event(who, Kind::Normal, "Created", format!("Created container: {name}"));
         if let Some(message) = self.not_honoured(&spec, ready.uid) {
             tracing::warn!(pod = %self.key, container = %name, %message, "security context not honoured");
@@ -178,7 +179,11 @@ impl Worker {
         crate::cri_config::verify_run_as_non_root(&self.pod, spec, image.uid, &image.username)
             .map_err(|e| config_error(&e))?;
         let volumes = self.volumes.as_ref().ok_or_else(|| {
-            StepError::new(Reason::CreateContainerConfigError, "volumes are not ready", Retry::After(RETRY_CONTAINER))
+            StepError::new(
+                Reason::CreateContainerConfigError,
+                "volumes are not ready",
+                Retry::After(RETRY_CONTAINER),
+            )
         })?;
         let mut container_mounts = volumes.mounts_for(spec, &env.to_map()).map_err(|e| config_error(&e))?;
         let mut mounts = std::mem::take(&mut container_mounts.mounts);
@@ -250,7 +255,12 @@ impl Worker {
     fn probe_target(&self, i: usize, spec: &Container) -> Option<probes::Target> {
         let id = self.state.containers[i].id.clone()?;
         let pod_ip = self.state.sandbox.as_ref().and_then(|s| s.ips.first()).and_then(|ip| ip.parse().ok());
-        Some(probes::Target { pod_ip, container_id: id, container: spec.clone(), cri: self.ctx.runtime.clone() })
+        Some(probes::Target {
+            pod_ip,
+            container_id: id,
+            container: spec.clone(),
+            cri: self.ctx.runtime.clone(),
+        })
     }
 
     /// Starts container `i`'s probes: the startup probe first when it has one (`first`), and
@@ -284,7 +294,10 @@ impl Worker {
     pub(super) async fn stop_container(&mut self, i: usize, grace: i64) {
         let (name, init) = (self.state.containers[i].name.clone(), self.state.containers[i].init);
         self.stop_probes_of(&name);
-        let Some(id) = self.state.containers[i].id.clone().filter(|_| self.state.containers[i].running()) else { return };
+        let Some(id) = self.state.containers[i].id.clone().filter(|_| self.state.containers[i].running())
+        else {
+            return;
+        };
         let deadline = Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
         self.event(Some((&name, init)), Kind::Normal, "Killing", format!("Stopping container {name}"));
         if let Some(spec) = self.spec_of(&name, init)
@@ -323,14 +336,14 @@ impl Worker {
             self.refresh_one(i).await;
         }
         let runtime = self.ctx.runtime.clone();
-        if let Some(sandbox) = self.state.sandbox.as_mut() {
-            if let Ok(status) = runtime.pod_sandbox_status(&sandbox.id).await {
-                let ready = status.is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
-                if sandbox.ready && !ready && !self.state.phase.terminal() {
-                    tracing::warn!(pod = %self.key, sandbox = %sandbox.id, "sandbox stopped underneath the pod");
-                }
-                sandbox.ready = ready;
+        if let Some(sandbox) = self.state.sandbox.as_mut()
+            && let Ok(status) = runtime.pod_sandbox_status(&sandbox.id).await
+        {
+            let ready = status.is_some_and(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
+            if sandbox.ready && !ready && !self.state.phase.terminal() {
+                tracing::warn!(pod = %self.key, sandbox = %sandbox.id, "sandbox stopped underneath the pod");
             }
+            sandbox.ready = ready;
         }
     }
 

@@ -27,10 +27,10 @@ use hpk_proto::kubelet::v1 as diag;
 use tokio::sync::watch;
 
 use crate::cri::Cri;
+use crate::cri_config::DnsSettings;
 use crate::events::Events;
 use crate::node::NodeState;
 use crate::objects::ApiObjects;
-use crate::cri_config::DnsSettings;
 
 /// What every pod worker shares.
 pub struct Context {

@@ -6,17 +6,18 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use tokio::time::Instant;
 
+use super::error::RETRY;
 use super::lock;
 use super::record::State;
 use super::status;
-use super::error::RETRY;
 use super::worker::{Step, Worker};
 
 impl Worker {
     /// Pushes the status when it changed (times aside); keeps the diagnostics summary current.
     pub(super) async fn report(&mut self) {
         self.summarize();
-        if self.state.step == Step::Terminated || (self.state.deleted && self.state.step == Step::Terminating) {
+        if self.state.step == Step::Terminated || (self.state.deleted && self.state.step == Step::Terminating)
+        {
             return;
         }
         let mut pod = (*self.pod).clone();

@@ -14,7 +14,8 @@ impl Worker {
     /// status cannot be read is removed again.
     pub(super) async fn create_sandbox(&mut self) -> Result<(), StepError> {
         self.state.step = Step::CreatingSandbox;
-        let failed = |message: String| StepError::new(Reason::FailedCreatePodSandBox, message, Retry::BackOff);
+        let failed =
+            |message: String| StepError::new(Reason::FailedCreatePodSandBox, message, Retry::BackOff);
         let (config, warnings) = crate::cri_config::sandbox_config(
             &self.pod,
             self.state.sandbox_attempt,
@@ -148,7 +149,10 @@ impl Worker {
 }
 
 /// The sandbox's addresses, primary first.
-pub(super) async fn sandbox_ips(runtime: &dyn CriClient, id: &str) -> Result<Vec<String>, crate::cri::CriError> {
+pub(super) async fn sandbox_ips(
+    runtime: &dyn CriClient,
+    id: &str,
+) -> Result<Vec<String>, crate::cri::CriError> {
     let Some(network) = runtime.pod_sandbox_status(id).await?.and_then(|s| s.network) else {
         return Ok(Vec::new());
     };

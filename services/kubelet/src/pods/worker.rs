@@ -187,6 +187,10 @@ impl Worker {
     /// Plans and carries out the pod's next steps until it must wait for something.
     async fn sync(&mut self) {
         self.wake = None;
+        if self.state.admitted && self.state.start_time.is_none() {
+            // An adopted pod whose status never reached the API.
+            self.state.start_time = Some(Timestamp::now());
+        }
         for _ in 0..MAX_ROUNDS {
             let actions = plan::plan(&self.pod, &self.state, Instant::now());
             let mut flow = Flow::Idle;
@@ -234,7 +238,8 @@ impl Worker {
             Ok(flow) => flow,
             Err((container, error)) => {
                 self.on_error(container, error);
-                Flow::Stop
+                // The other containers went on; the phase follows them.
+                container.map_or(Flow::Stop, |i| self.after_container(i))
             }
         }
     }
@@ -426,9 +431,14 @@ impl Worker {
         self.state.step = Step::PreparingVolumes;
         let ctx = self.volume_context();
         let dir = self.ctx.pod_dir(&self.uid);
-        let volumes = PodVolumes::prepare(&self.pod, &dir, &ctx, &self.ctx.objects).await.map_err(|error| {
-            StepError::new(Reason::FailedMount, crate::node::error_chain(&error), Retry::After(super::error::RETRY))
-        })?;
+        let volumes =
+            PodVolumes::prepare(&self.pod, &dir, &ctx, &self.ctx.objects).await.map_err(|error| {
+                StepError::new(
+                    Reason::FailedMount,
+                    crate::node::error_chain(&error),
+                    Retry::After(super::error::RETRY),
+                )
+            })?;
         for limit in volumes.unenforced() {
             self.event(None, Kind::Normal, "LimitNotEnforced", limit);
         }
@@ -499,7 +509,9 @@ impl Worker {
                         self.state.containers[i].started = true;
                         self.start_probes(i, false);
                     }
-                    ProbeKind::Startup | ProbeKind::Liveness => self.state.containers[i].failed_probe = Some(kind),
+                    ProbeKind::Startup | ProbeKind::Liveness => {
+                        self.state.containers[i].failed_probe = Some(kind)
+                    }
                 }
             }
         }

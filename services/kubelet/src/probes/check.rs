@@ -39,10 +39,8 @@ async fn attempt(probe: &Probe, target: &Target) -> Result<(), ProbeFailure> {
             tcp_probe(&host_or_pod_ip(tcp.host.as_deref(), target)?, port, timeout).await
         }
         (None, None, None, Some(g)) => {
-            let port = u16::try_from(g.port)
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or(ProbeFailure::InvalidPort(g.port))?;
+            let port =
+                u16::try_from(g.port).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(g.port))?;
             let service = g.service.as_deref().unwrap_or_default();
             grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await
         }
@@ -55,9 +53,7 @@ async fn attempt(probe: &Probe, target: &Target) -> Result<(), ProbeFailure> {
 fn host_or_pod_ip(host: Option<&str>, target: &Target) -> Result<String, ProbeFailure> {
     match host.filter(|h| !h.is_empty()) {
         Some(host) => Ok(host.to_owned()),
-        None => {
-            target.pod_ip.map(|ip| ip.to_string()).ok_or(ProbeFailure::NoPodIp)
-        }
+        None => target.pod_ip.map(|ip| ip.to_string()).ok_or(ProbeFailure::NoPodIp),
     }
 }
 
@@ -72,7 +68,9 @@ async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Re
         target.cri.exec_sync(&target.container_id, command.clone(), timeout),
     )
     .await
-    .unwrap_or_else(|_| Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "no answer from the runtime")));
+    .unwrap_or_else(|_| {
+        Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "no answer from the runtime"))
+    });
     exec_result(&command, result)
 }
 
@@ -98,7 +96,10 @@ pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<
                 (Some(p), _) => p.container_port,
                 (None, Ok(n)) => n,
                 (None, Err(_)) => {
-                    return Err(ProbeFailure::PortNotFound { name: name.clone(), container: container.name.clone() });
+                    return Err(ProbeFailure::PortNotFound {
+                        name: name.clone(),
+                        container: container.name.clone(),
+                    });
                 }
             }
         }
@@ -148,7 +149,9 @@ pub(super) fn exec_result(
             let code = response.exit_code;
             Err(ProbeFailure::Exited { command: shown, code, output: output.to_owned() })
         }
-        Err(error) if error.failure == CriFailure::TimedOut => Err(ProbeFailure::ExecTimedOut { command: shown }),
+        Err(error) if error.failure == CriFailure::TimedOut => {
+            Err(ProbeFailure::ExecTimedOut { command: shown })
+        }
         Err(error) => Err(ProbeFailure::ExecFailed { command: shown, message: error.message }),
     }
 }
@@ -348,12 +351,16 @@ mod tests {
         let message = exec_result(&cmd, answer(1, &long, "")).expect_err("fails").to_string();
         assert!(message.len() < MAX_OUTPUT + 100, "output is capped");
         assert_eq!(
-            exec_result(&cmd, Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "slow"))).map_err(|e| e.to_string()),
+            exec_result(&cmd, Err(CriError::new(CriCall::ExecSync, CriFailure::TimedOut, "slow")))
+                .map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" timed out"#.to_owned())
         );
         assert_eq!(
-            exec_result(&cmd, Err(CriError::new(CriCall::ExecSync, CriFailure::NotFound, "no such container")))
-                .map_err(|e| e.to_string()),
+            exec_result(
+                &cmd,
+                Err(CriError::new(CriCall::ExecSync, CriFailure::NotFound, "no such container"))
+            )
+            .map_err(|e| e.to_string()),
             Err(r#"command "sh -c test -f /ready" could not run: no such container"#.to_owned())
         );
     }

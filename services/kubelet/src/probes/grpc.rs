@@ -24,7 +24,12 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 /// Asks `host:port` for the health of `service` (the server's overall health when empty):
 /// SERVING passes.
-pub(super) async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> Result<(), ProbeFailure> {
+pub(super) async fn probe(
+    host: &str,
+    port: u16,
+    service: &str,
+    timeout: Duration,
+) -> Result<(), ProbeFailure> {
     let addr = join_host_port(host, port);
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| ProbeFailure::GrpcAddress { addr: addr.clone(), reason: e.to_string() })?

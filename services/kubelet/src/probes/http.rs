@@ -14,8 +14,8 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 
-use super::failure::ProbeFailure;
 use super::check::{connect_error, join_host_port};
+use super::failure::ProbeFailure;
 
 /// The most of a response body read (the rest is left unread), as the kubelet reads.
 const MAX_BODY: usize = 10 * 1024;
@@ -173,7 +173,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn send<T>(io: T, path: &str, host: &str, headers: &[(String, String)]) -> Result<Response, ProbeFailure>
+async fn send<T>(
+    io: T,
+    path: &str,
+    host: &str,
+    headers: &[(String, String)],
+) -> Result<Response, ProbeFailure>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {

@@ -136,7 +136,10 @@ fn crash_loop_back_off_waits_ten_seconds_then_doubles() {
     // The first exit restarts at once.
     exit(&mut state.containers[0], 1, Duration::from_secs(1));
     state.containers[0].restart_count = 0;
-    assert_eq!(doing(&plan(&pod, &state, t0)), [Action::Restart { index: 0, reset_backoff: false }, Action::Running]);
+    assert_eq!(
+        doing(&plan(&pod, &state, t0)),
+        [Action::Restart { index: 0, reset_backoff: false }, Action::Running]
+    );
     // The worker's restart advances the back-off; the next exit waits 10 s.
     state.containers[0].restart_backoff.fail(t0);
     state.containers[0].restart_count = 1;
@@ -161,7 +164,10 @@ fn crash_loop_back_off_waits_ten_seconds_then_doubles() {
     );
     // A container that ran ten minutes starts afresh: at once, its back-off reset.
     exit(&mut state.containers[0], 1, Duration::from_secs(600));
-    assert_eq!(doing(&plan(&pod, &state, t10)), [Action::Restart { index: 0, reset_backoff: true }, Action::Running]);
+    assert_eq!(
+        doing(&plan(&pod, &state, t10)),
+        [Action::Restart { index: 0, reset_backoff: true }, Action::Running]
+    );
 }
 
 #[test]
@@ -212,7 +218,10 @@ fn a_liveness_failure_kills_the_container_within_the_grace_period() {
     // Once it ended, the restart policy restarts it.
     state.containers[2].failed_probe = None;
     exit(&mut state.containers[2], 137, Duration::from_secs(5));
-    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Restart { index: 2, reset_backoff: false }, Action::Running]);
+    assert_eq!(
+        doing(&plan(&pod, &state, now)),
+        [Action::Restart { index: 2, reset_backoff: false }, Action::Running]
+    );
 }
 
 #[test]
@@ -231,7 +240,8 @@ fn termination_takes_the_deletions_grace_period_before_anything_else() {
     let now = Instant::now();
     let mut pod = two_inits("Always");
     let state = PodState::new(&pod);
-    pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
+    pod.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()));
     assert_eq!(plan(&pod, &state, now), [Action::Terminate { grace: 12 }], "the spec's grace");
     pod.metadata.deletion_grace_period_seconds = Some(3);
     assert_eq!(plan(&pod, &state, now), [Action::Terminate { grace: 3 }], "the deletion's grace");

@@ -91,14 +91,19 @@ async fn a_pod_is_admitted_given_a_sandbox_and_its_container_started() {
     assert_eq!(h.worker.state.phase, Phase::Running);
     assert!(h.worker.state.containers[0].running());
     let calls = h.fake.calls();
-    for call in [CriCall::RunPodSandbox, CriCall::PullImage, CriCall::CreateContainer, CriCall::StartContainer] {
+    for call in
+        [CriCall::RunPodSandbox, CriCall::PullImage, CriCall::CreateContainer, CriCall::StartContainer]
+    {
         assert!(calls.contains(&call), "{call:?} in {calls:?}");
     }
     // Level-triggered: another wake-up with nothing new makes nothing again.
     let before = h.fake.calls().len();
     h.worker.sync().await;
     let again = h.fake.calls().split_off(before);
-    assert!(!again.iter().any(|c| matches!(c, CriCall::RunPodSandbox | CriCall::CreateContainer)), "{again:?}");
+    assert!(
+        !again.iter().any(|c| matches!(c, CriCall::RunPodSandbox | CriCall::CreateContainer)),
+        "{again:?}"
+    );
 }
 
 #[tokio::test]
