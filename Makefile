@@ -25,7 +25,7 @@ DIST_IMAGE_TARGET :=
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: all build binaries images release-images static-hpk develop dist test ci bench clean
+.PHONY: all build binaries images release-images static-hpk develop dist test test-unit ci bench clean
 
 all: build
 
@@ -67,6 +67,10 @@ dist: static-hpk $(DIST_IMAGE_TARGET)
 
 test:
 	$(CARGO) test --workspace --locked
+
+# Every unit test and doc test, no cluster (CI's first test stage): scripts/test-unit.sh.
+test-unit:
+	scripts/test-unit.sh
 
 ci:
 	scripts/test.sh

@@ -28,6 +28,30 @@ stage_summary() {
   printf '%s\n' "${STAGE_TIMES[@]}"
 }
 
+# test_lane NAME CARGO-TEST-ARGS...: runs `cargo test CARGO-TEST-ARGS` and closes with one line
+# for the lane: passed, failed, and skipped — the tests cargo ignored plus those that skipped at
+# run time for a missing prerequisite. Those record themselves in $HPK_SKIP_LOG
+# (hpk-test-support's skip); cargo counted them as passed, so they move from passed to skipped.
+# Returns cargo's status.
+test_lane() {
+  local name=$1 log skips rc
+  shift
+  log=$(mktemp)
+  skips=$(mktemp)
+  HPK_SKIP_LOG=$skips cargo test "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ -s "$skips" ]; then
+    echo "---- $name: skipped at run time (test, reason) ----"
+    cat "$skips"
+  fi
+  awk -v lane="$name" -v runtime="$(sort -u "$skips" | cut -f1 | sort -u | wc -l)" '
+    /^test result:/ { p += $4; f += $6; i += $8 }
+    END { printf "%s tests: %d passed, %d failed, %d skipped (%d ignored, %d at run time)\n",
+                 lane, p - runtime, f, i + runtime, i, runtime }' "$log"
+  rm -f "$log" "$skips"
+  return "$rc"
+}
+
 # as_root COMMAND...: runs COMMAND as root, through sudo unless we are root already.
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi

@@ -24,6 +24,10 @@ stage "control plane" setup_controlplane
 stage "cargo fmt --check" cargo fmt --all --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "shellcheck" shell_scripts
+# No crate's normal dependencies reach a service, the harness or the command (ARCHITECTURE.md).
+stage "layers" scripts/check-layers.sh
+# The unit lane first (make test-unit): every crate's unit tests and doc tests, no cluster.
+stage "unit tests" scripts/test-unit.sh
 # The Slurm lab (vagrant/): its Vagrantfile parsed and checked, the provisioning scripts it
 # names included. There is no hypervisor here, so the provider settings are left out
 # (--ignore-provider: without it, vagrant stops at "No usable default provider"); the lab is
@@ -43,20 +47,9 @@ stage "binaries and images" build_images
 # The release bundle of that build (static bin/hpk, the image, slurm/hpk.slurm): the Slurm
 # suite submits from it, unpacked, as a user does.
 stage "release bundle" make dist PROFILE=debug
-# cargo prints one result line per test binary, the last often a doc-test run of 0; close with
-# the sum so the outcome is one line.
-cargo_test() {
-  local log
-  log=$(mktemp)
-  cargo test --workspace --locked 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]}
-  awk '/^test result:/ { p += $4; f += $6; i += $8 }
-       END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
-  rm -f "$log"
-  return "$rc"
-}
-
-stage "cargo test" cargo_test
+# The cluster lane: every integration test (tests/*.rs of each crate), against the real control
+# plane, crun, Slurm and network namespaces, with the binaries and images built above.
+stage "cluster tests" test_lane cluster --workspace --locked --test '*'
 
 # The CRI validation suite against the runtime the tests just built, skipping the specs
 # services/pod-runtime/critest/known-failures.txt lists with their reasons: any other failure
