@@ -28,6 +28,15 @@ pub enum Error {
     /// The cert-signer issued no serving certificate for the kubelet API.
     #[error("serving certificate: {0}")]
     Signer(String),
+    /// A flag's value is wrong.
+    #[error("configuration: {0}")]
+    Flag(#[from] crate::config::FlagError),
+    /// The kubelet API's certificate, key or client CA is unusable.
+    #[error("configuration: {0}")]
+    Tls(#[from] crate::api::tls::TlsError),
+    /// The cert-signer's certificate is unusable.
+    #[error("serving certificate: {0}")]
+    SignedCert(#[source] crate::api::tls::TlsError),
     /// Serving the diagnostics socket failed.
     #[error(transparent)]
     Rpc(#[from] hpk_rpc::Error),
@@ -38,8 +47,8 @@ impl Error {
     /// (EX_UNAVAILABLE), 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Kubeconfig { .. } => 78,
-            Self::Runtime { .. } | Self::Node(_) | Self::Signer(_) => 69,
+            Self::Config(_) | Self::Kubeconfig { .. } | Self::Flag(_) | Self::Tls(_) => 78,
+            Self::Runtime { .. } | Self::Node(_) | Self::Signer(_) | Self::SignedCert(_) => 69,
             Self::Rpc(_) => 1,
         }
     }

@@ -22,7 +22,7 @@ const RUNTIME_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the kubelet until `shutdown`.
 pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
-    let node_name = args.node_name().map_err(|e| Error::Config(e.to_string()))?;
+    let node_name = args.node_name()?;
     // The remote runtime's files first: a bad one refuses the start before anything is made.
     let remote = if args.connector() { Some(remote_credentials(&args)?) } else { None };
     hpk_rpc::unix::ensure_private_dir(&args.root_dir)?;

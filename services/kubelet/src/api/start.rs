@@ -48,8 +48,7 @@ pub async fn prepare(
             None
         }
     };
-    let config =
-        tls::server_config(serving, client_ca.as_deref()).map_err(|e| Error::Config(e.to_string()))?;
+    let config = tls::server_config(serving, client_ca.as_deref())?;
     let address = SocketAddr::new(args.address.unwrap_or(args.node_ip), args.kubelet_port);
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -104,7 +103,7 @@ async fn serving_certificate(
     shutdown: &CancellationToken,
 ) -> Result<Arc<ServingCert>> {
     if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_private_key_file) {
-        return ServingCert::from_files(cert, key).map(Arc::new).map_err(|e| Error::Config(e.to_string()));
+        return ServingCert::from_files(cert, key).map(Arc::new).map_err(Error::Tls);
     }
     let url = match (&args.cert_signer_url, &args.cert_signer_address_file) {
         (Some(url), _) => url.clone(),
@@ -129,14 +128,14 @@ async fn serving_certificate(
         .as_deref()
         .ok_or_else(|| Error::Config("--node-token-file is needed with the cert-signer".into()))?;
     let ca = read(ca_path, "--cert-signer-ca")?;
-    tls::check_private(token_path).map_err(|e| Error::Config(e.to_string()))?;
+    tls::check_private(token_path)?;
     let token = String::from_utf8(read(token_path, "--node-token-file")?)
         .map_err(|_| Error::Config(format!("{} is not text", token_path.display())))?
         .trim()
         .to_owned();
     let identity = match (&args.cert_signer_client_cert, &args.cert_signer_client_key) {
         (Some(cert), Some(key)) => {
-            tls::check_private(key).map_err(|e| Error::Config(e.to_string()))?;
+            tls::check_private(key)?;
             Some((read(cert, "--cert-signer-client-cert")?, read(key, "--cert-signer-client-key")?))
         }
         _ => None,
@@ -179,7 +178,7 @@ async fn serving_certificate(
     tracing::info!(serial = %creds.serial, "serving certificate issued by the cert-signer");
     let serving = Arc::new(
         ServingCert::from_pem(creds.chain_pem.as_bytes(), creds.key_pem.as_bytes())
-            .map_err(|e| Error::Signer(e.to_string()))?,
+            .map_err(Error::SignedCert)?,
     );
     let (tx, mut rx) = watch::channel(creds.clone());
     tokio::spawn(keep_renewed(client, request, creds, None, tx, shutdown.clone()));
@@ -230,6 +229,7 @@ mod tests {
     async fn refusal(extra: &[&str]) -> String {
         match prepare(&args(extra), "node1", "node1", &CancellationToken::new()).await {
             Err(Error::Config(message)) => message,
+            Err(error @ (Error::Tls(_) | Error::Flag(_))) => error.to_string(),
             Err(other) => panic!("{extra:?}: not a configuration error: {other}"),
             Ok(_) => panic!("{extra:?}: the API started"),
         }
