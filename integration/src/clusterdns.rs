@@ -13,7 +13,9 @@ use crate::controlplane::ControlPlane;
 use crate::registry::{Client, Registry};
 use crate::{Error, Result};
 
-pub use hpk_cluster::addons::{CLUSTER_DNS_IP, CLUSTER_DOMAIN, COREDNS_MANIFEST as MANIFEST, KUBERNETES_SERVICE_IP};
+pub use hpk_cluster::addons::{
+    CLUSTER_DNS_IP, CLUSTER_DOMAIN, COREDNS_MANIFEST as MANIFEST, KUBERNETES_SERVICE_IP,
+};
 
 /// The product's CoreDNS manifest ([`hpk_cluster::addons::coredns_manifest`]) for `image`.
 pub fn manifest(image: &str) -> Result<String> {

@@ -133,7 +133,10 @@ impl ControlPlane {
         let ip = self.host.ip.to_string();
 
         // The control-plane host's own loopback, with TLS and client certificates as in a bubble.
-        self.spawn("etcd", &hpk_cluster::controlplane::etcd_args(&self.pki, "controlplane", &d.join("etcd")))?;
+        self.spawn(
+            "etcd",
+            &hpk_cluster::controlplane::etcd_args(&self.pki, "controlplane", &d.join("etcd")),
+        )?;
 
         let mut apiserver_args =
             hpk_cluster::controlplane::apiserver_args(&self.pki, &d.join("apiserver"), &ip, &ip, API_PORT);
@@ -168,7 +171,8 @@ impl ControlPlane {
         let sched_kubeconfig = d.join("scheduler.kubeconfig");
         let sched = self.pki.client_cert("scheduler", "system:kube-scheduler", &[])?;
         write_kubeconfig(&sched_kubeconfig, &self.api_url, &server_ca.cert, "scheduler", &sched)?;
-        let sched_args = hpk_cluster::controlplane::scheduler_args(&sched_kubeconfig, &d.join("scheduler"), &ip);
+        let sched_args =
+            hpk_cluster::controlplane::scheduler_args(&sched_kubeconfig, &d.join("scheduler"), &ip);
         self.spawn("kube-scheduler", &sched_args)?;
 
         for (what, port) in [("kube-controller-manager /healthz", 10257), ("kube-scheduler /healthz", 10259)]

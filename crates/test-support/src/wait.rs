@@ -8,7 +8,12 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Polls `check` every 100 ms until it returns `Some`, and returns that. After `within` it
 /// panics with `what` and `diagnose()` (logs, state: what a reader needs to see why).
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F, diagnose: impl FnOnce() -> String) -> T
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    mut check: F,
+    diagnose: impl FnOnce() -> String,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

@@ -194,7 +194,9 @@ fn tool(name: &str) -> Option<std::path::PathBuf> {
     let found = std::env::var_os("PATH")
         .and_then(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).find(|p| p.is_file()));
     if found.is_none() {
-        hpk_test_support::skip(format!("{name} is not on PATH; run the README's test command, which installs it"));
+        hpk_test_support::skip(format!(
+            "{name} is not on PATH; run the README's test command, which installs it"
+        ));
     }
     found
 }

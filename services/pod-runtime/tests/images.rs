@@ -219,7 +219,9 @@ async fn whiteouts_and_opaque_dirs_work_on_an_overlay_mount() {
                 .collect();
             assert_eq!(opq, ["new"], "the opaque dir hides the base layer's entries");
         }
-        Err(e) => hpk_test_support::skipped(&format!("overlay mount check: {e} (needs root and overlayfs with userxattr)")),
+        Err(e) => hpk_test_support::skipped(&format!(
+            "overlay mount check: {e} (needs root and overlayfs with userxattr)"
+        )),
     }
 }
 

@@ -84,7 +84,9 @@ fn may_mount() -> bool {
         Ok(()) => true,
         Err(e) => {
             // The README's test command runs as root: there a refusal is a failure, not a skip.
-            hpk_test_support::skip(format!("mounting needs CAP_SYS_ADMIN (unshare of a mount namespace: {e})"));
+            hpk_test_support::skip(format!(
+                "mounting needs CAP_SYS_ADMIN (unshare of a mount namespace: {e})"
+            ));
             false
         }
     }

@@ -28,10 +28,12 @@ pub mod sub_path;
 
 pub use apptainer::{Apptainer, ApptainerEngine};
 // The host-level set-up (hpk-oci), shared with the bubble launcher.
-pub use hpk_oci::{ALL_CAPS, CgroupMode, DEFAULT_CAPS, MountNamespace, enter_private_mount_namespace, limits_not_enforced};
 pub use crun::{ContainerState, Crun, CrunEngine, Stdio3};
 pub(crate) use error::run as run_command;
 pub use error::{Error, Result};
+pub use hpk_oci::{
+    ALL_CAPS, CgroupMode, DEFAULT_CAPS, MountNamespace, enter_private_mount_namespace, limits_not_enforced,
+};
 pub use logs::{LogStream, copy_lines, write_cri_line};
 pub use rootfs::Overlay;
 pub use spec::{ContainerSpec, Mount, Propagation, SandboxSpec, Security, User};

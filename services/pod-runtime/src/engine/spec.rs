@@ -12,7 +12,6 @@ pub const PAUSE_PATH: &str = "/hpk-pause";
 /// The directory holding the sandbox's events socket, inside the sandbox.
 pub const EVENTS_DIR: &str = "/run/hpk";
 
-
 /// Who a container's process runs as.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct User {
@@ -281,9 +280,6 @@ fn bind_mount(m: &Mount) -> Value {
     }
     json!({"destination": m.dest, "type": "bind", "source": m.host, "options": options})
 }
-
-
-
 
 fn mkdir(path: &Path) -> Result<()> {
     std::fs::create_dir_all(path).map_err(|e| Error::io("create", path, e))

@@ -96,7 +96,6 @@ fn usage_of(host_pid: i32) -> Option<Usage> {
     parse_usage(&stat, &status)
 }
 
-
 /// Usage of the sandbox's processes: all of them, and per mount namespace (container).
 fn sandbox_usage(pause_pid: u32) -> (Usage, HashMap<std::path::PathBuf, Usage>) {
     let mut total = Usage::default();
