@@ -6,7 +6,7 @@ mod client;
 #[cfg(test)]
 pub mod fake;
 
-pub use client::{CriCall, CriClient, CriError, CriFailure, CriFuture};
+pub use client::{CriCall, CriClient, CriError, CriEvents, CriFailure, CriFuture};
 
 use std::path::Path;
 use std::sync::Arc;

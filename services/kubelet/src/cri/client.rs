@@ -13,6 +13,9 @@ use super::Cri;
 /// What a [`CriClient`] call returns.
 pub type CriFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, CriError>> + Send + 'a>>;
 
+/// The runtime's container events, as they come.
+pub type CriEvents = futures_util::stream::BoxStream<'static, Result<cri::ContainerEventResponse, CriError>>;
+
 /// A CRI call, named as the runtime service names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CriCall {
@@ -42,6 +45,8 @@ pub enum CriCall {
     ExecSync,
     /// `ImageStatus`.
     ImageStatus,
+    /// `GetContainerEvents`.
+    GetContainerEvents,
     /// `PullImage`.
     PullImage,
 }
@@ -139,6 +144,8 @@ pub trait CriClient: Send + Sync {
     fn image_status(&self, image: cri::ImageSpec) -> CriFuture<'_, Option<cri::Image>>;
     /// Pulls an image; its reference.
     fn pull_image(&self, image: cri::ImageSpec, auth: Option<cri::AuthConfig>) -> CriFuture<'_, String>;
+    /// Subscribes to the runtime's container events.
+    fn container_events(&self) -> CriFuture<'_, CriEvents>;
 }
 
 /// Runs one gRPC call on a clone of the runtime client, mapping its status.
@@ -245,5 +252,13 @@ impl CriClient for Cri {
     fn pull_image(&self, image: cri::ImageSpec, auth: Option<cri::AuthConfig>) -> CriFuture<'_, String> {
         let request = cri::PullImageRequest { image: Some(image), auth, sandbox_config: None };
         call!(self.images, PullImage, pull_image, request, |a| a.image_ref)
+    }
+
+    fn container_events(&self) -> CriFuture<'_, CriEvents> {
+        use futures_util::StreamExt;
+        let request = cri::GetEventsRequest {};
+        call!(self.runtime, GetContainerEvents, get_container_events, request, |a| a
+            .map(|event| event.map_err(|status| CriError::from_status(CriCall::GetContainerEvents, &status)))
+            .boxed())
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 
-use super::{CriCall, CriClient, CriError, CriFailure, CriFuture};
+use super::{CriCall, CriClient, CriError, CriEvents, CriFailure, CriFuture};
 
 /// What the fake runtime holds.
 #[derive(Debug, Default)]
@@ -240,6 +240,13 @@ impl CriClient for FakeCri {
         self.record(CriCall::PullImage, &name, |s| {
             s.images.push(name.clone());
             Ok(format!("sha256:{name}"))
+        })
+    }
+
+    fn container_events(&self) -> CriFuture<'_, CriEvents> {
+        // No events: the tests wake the worker themselves.
+        self.record(CriCall::GetContainerEvents, "", |_| {
+            Ok(Box::pin(futures_util::stream::pending()) as CriEvents)
         })
     }
 }

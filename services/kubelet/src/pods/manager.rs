@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
@@ -234,26 +233,24 @@ async fn forward_runtime_events(
 ) {
     let mut delay = Duration::from_millis(100);
     loop {
-        let mut runtime = ctx.cri.runtime.clone();
         let stream = tokio::select! {
             () = shutdown.cancelled() => return,
-            answer = runtime.get_container_events(cri::GetEventsRequest {}) => answer,
+            answer = ctx.runtime.container_events() => answer,
         };
         match stream {
-            Ok(stream) => {
+            Ok(mut stream) => {
                 delay = Duration::from_millis(100);
                 // Whatever happened while no stream was open.
                 for tx in workers.lock().await.values() {
                     let _ = tx.send(Msg::Runtime);
                 }
-                let mut stream = stream.into_inner();
                 loop {
                     let event = tokio::select! {
                         () = shutdown.cancelled() => return,
-                        event = stream.message() => event,
+                        event = stream.next() => event,
                     };
                     match event {
-                        Ok(Some(event)) => {
+                        Some(Ok(event)) => {
                             let uid = event.pod_sandbox_status.and_then(|s| s.metadata).map(|m| m.uid);
                             if let Some(uid) = uid
                                 && let Some(tx) = workers.lock().await.get(&uid)
@@ -261,15 +258,15 @@ async fn forward_runtime_events(
                                 let _ = tx.send(Msg::Runtime);
                             }
                         }
-                        Ok(None) => break,
-                        Err(status) => {
-                            tracing::warn!(error = %status.message(), "runtime event stream broke");
+                        None => break,
+                        Some(Err(error)) => {
+                            tracing::warn!(error = %error.message(), "runtime event stream broke");
                             break;
                         }
                     }
                 }
             }
-            Err(status) => tracing::warn!(error = %status.message(), "runtime events unavailable"),
+            Err(error) => tracing::warn!(error = %error.message(), "runtime events unavailable"),
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
