@@ -141,42 +141,13 @@ impl Cluster {
 
 fn workloads(httpd: &str, shell: &str) -> String {
     // Each httpd replica serves its pod and node name, so the client sees which one answered.
-    let mut text = format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web}}
-spec:
-  replicas: 4
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule,
-         labelSelector: {{matchLabels: {{app: web}}}}}}
-      containers:
-      - name: httpd
-        image: {httpd}
-        command: [sh, -c, 'echo "pod=$(hostname) node=$NODE_NAME" > /www/index.html && exec httpd -f -p 8080 -h /www']
-        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
-        ports: [{{containerPort: 8080}}]
-        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: web}}
-spec:
-  selector: {{app: web}}
-  ports: [{{port: 80, targetPort: 8080}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: nobody-home}}
-spec:
-  selector: {{app: no-such-pods}}
-  ports: [{{port: 80, targetPort: 8080}}]
-"#
-    );
+    use hpk_integration::manifest::{httpd_who_answers, service, spread_deployment};
+    let mut text = [
+        spread_deployment("web", 4, "DoNotSchedule", None, &httpd_who_answers(httpd)),
+        service("web", "web", 8080),
+        service("nobody-home", "no-such-pods", 8080),
+    ]
+    .join("---\n");
     for node in NODES {
         text.push_str(&format!(
             "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: client-{node}}}\nspec:\n  nodeName: {node}\n  \

@@ -22,24 +22,11 @@ async fn killed_services_restart_and_a_lost_bubble_moves_its_pods() {
     let env = Env::start(image).await;
     let up = env.up("fault", 2);
     assert!(up.status.success(), "hpk up failed:\n{}", text(&up));
-    env.apply("fault", &format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web}}
-spec:
-  replicas: 2
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: {{matchLabels: {{app: web}}}}}}
-      containers:
-      - {{name: httpd, image: {}}}
-",
-        env.httpd
-    ));
+    let container = format!("- {{name: httpd, image: {}}}", env.httpd);
+    env.apply(
+        "fault",
+        &hpk_test_support::manifest::spread_deployment("web", 2, "ScheduleAnyway", Some(1), &container),
+    );
     let pods = |want_nodes: usize| {
         eventually_or(
             "web pods Running",

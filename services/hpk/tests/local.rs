@@ -62,33 +62,14 @@ async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     assert_eq!(nodes.lines().filter(|l| l.split_whitespace().nth(1) == Some("Ready")).count(), 2, "{nodes}");
     slirp4netns_is_sandboxed(&env);
 
-    env.apply("demo", &format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: web}}
-spec:
-  replicas: 4
-  selector: {{matchLabels: {{app: web}}}}
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: web}}}}}}
-      containers:
-      - name: httpd
-        image: {httpd}
-        # Each replica serves its pod and node name, so a client sees which one answered.
-        command: [sh, -c, 'echo \"pod=$(hostname) node=$NODE_NAME\" > /www/index.html && exec httpd -f -p 8080 -h /www']
-        env: [{{name: NODE_NAME, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
-        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: web}}
-spec:
-  selector: {{app: web}}
-  ports: [{{port: 80, targetPort: 8080}}]
----
+    // Each web replica serves its pod and node name, so a client sees which one answered.
+    use hpk_test_support::manifest::{httpd_who_answers, service, spread_deployment};
+    let web = spread_deployment("web", 4, "DoNotSchedule", None, &httpd_who_answers(&env.httpd));
+    env.apply(
+        "demo",
+        &format!(
+            "{web}---
+{service}---
 apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: ticker}}
@@ -107,9 +88,10 @@ spec:
         image: {shell}
         command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done']
 ",
-        httpd = env.httpd,
-        shell = env.shell
-    ));
+            service = service("web", "web", 8080),
+            shell = env.shell
+        ),
+    );
     let running = |selector: &str, n: usize| {
         eventually_or(
             &format!("{n} Running pods {selector}"),

@@ -58,28 +58,10 @@ fn ready_nodes(env: &SlurmEnv, id: u32) -> Vec<String> {
 /// A container command that runs until SIGTERM, and exits 0 on it.
 const LOOP: &str = r#"trap "exit 0" TERM; while true; do sleep 1; done"#;
 
-/// A Deployment NAME of REPLICAS pods labelled `app: NAME`, spread over the nodes (maxSkew 1,
-/// `when` unsatisfiable), with `grace` seconds to terminate; `container` is one item of its
-/// container list, from `- `.
+/// A Deployment NAME of REPLICAS pods spread over the nodes, with `grace` seconds to terminate
+/// ([`hpk_test_support::manifest::spread_deployment`]).
 fn spread(name: &str, replicas: u32, when: &str, grace: u32, container: &str) -> String {
-    let container = container.replace('\n', "\n      ");
-    format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      terminationGracePeriodSeconds: {grace}
-      topologySpreadConstraints:
-      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: {when}, labelSelector: {{matchLabels: {{app: {name}}}}}}}
-      containers:
-      {container}
-"
-    )
+    hpk_test_support::manifest::spread_deployment(name, replicas, when, Some(grace), container)
 }
 
 /// A shell command printing the body's last line of `GET PATH` from HOST:PORT (busybox nc: the
