@@ -204,3 +204,33 @@ async fn termination_retries_a_sandbox_that_would_not_go() {
     assert!(h.fake.lock().sandboxes.is_empty());
     assert!(lock(&h.worker.ctx.admitted).is_empty(), "its requests are released");
 }
+
+#[tokio::test]
+async fn a_completed_pod_whose_sandbox_will_not_stop_is_tried_again() {
+    let mut h =
+        harness(json!({"restartPolicy": "Never", "containers": [{"name": "app", "image": "busybox:1.36"}]}));
+    h.worker.sync().await;
+    let id = h.worker.state.containers[0].id.clone().expect("runs");
+    // The container ends (the fake's stop leaves it exited with 137).
+    h.fake.lock().containers.get_mut(&id).expect("there").3 = k8s_cri::v1::ContainerState::ContainerExited;
+    h.fake.fail(CriCall::StopPodSandbox, CriFailure::Unavailable);
+    h.worker.refresh().await;
+    h.worker.sync().await;
+    assert_eq!(h.worker.state.phase, Phase::Failed, "exit 137 under Never");
+    assert_eq!(h.worker.state.step, Step::Completed);
+    assert!(h.worker.state.sandbox.as_ref().is_some_and(|s| s.ready), "still up");
+    assert!(wakes_in(&h.worker, crate::pods::error::RETRY));
+    h.fake.heal(CriCall::StopPodSandbox);
+    h.worker.sync().await;
+    assert!(h.worker.state.sandbox.as_ref().is_some_and(|s| !s.ready), "stopped now");
+    assert!(h.fake.lock().containers.contains_key(&id), "its container is kept for its logs");
+}
+
+#[tokio::test]
+async fn an_unreadable_image_status_still_pulls() {
+    let mut h = harness(app());
+    h.fake.fail(CriCall::ImageStatus, CriFailure::Unavailable);
+    h.worker.sync().await;
+    assert!(h.fake.calls().contains(&CriCall::PullImage));
+    assert!(h.worker.state.containers[0].running());
+}
