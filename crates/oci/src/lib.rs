@@ -6,7 +6,8 @@
 //! - [`enter_private_mount_namespace`] and [`MountNamespace`]: the private mount namespace
 //!   containers are made in, with a hybrid host's v2 hierarchy hidden.
 //! - [`DEFAULT_CAPS`], [`ALL_CAPS`], [`DEFAULT_MASKED`], [`DEFAULT_READONLY`]: the capability
-//!   and path lists of an OCI spec.
+//!   and path lists of an OCI spec; [`KUBELET_MASKED`], [`KUBELET_READONLY`]: the path lists the
+//!   kubelet sends over CRI.
 
 mod caps;
 mod cgroups;
@@ -16,7 +17,7 @@ mod paths;
 pub use caps::{ALL_CAPS, DEFAULT_CAPS};
 pub use cgroups::{CgroupMode, limits_not_enforced};
 pub use mountns::{MountNamespace, enter_private_mount_namespace};
-pub use paths::{DEFAULT_MASKED, DEFAULT_READONLY};
+pub use paths::{DEFAULT_MASKED, DEFAULT_READONLY, KUBELET_MASKED, KUBELET_READONLY};
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,6 +1,7 @@
 //! Security contexts: the container's effective one (its own fields over the pod's), in CRI
 //! form for the sandbox and the container, and the runAsNonRoot check.
 
+use hpk_oci::{KUBELET_MASKED, KUBELET_READONLY};
 use k8s_cri::v1::security_profile::ProfileType;
 use k8s_cri::v1::{
     Capability, Int64Value, LinuxContainerSecurityContext, LinuxSandboxSecurityContext, NamespaceMode,
@@ -9,23 +10,6 @@ use k8s_cri::v1::{
 use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, SeccompProfile, SecurityContext};
 
 use super::{SpecError, pod_display};
-
-/// /proc paths masked in a container with the default procMount (the kubelet's list).
-const MASKED_PATHS: [&str; 11] = [
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-/// /proc paths read-only in a container with the default procMount.
-const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
 fn pod_context(pod: &Pod) -> Option<&PodSecurityContext> {
     pod.spec.as_ref().and_then(|s| s.security_context.as_ref())
@@ -136,8 +120,8 @@ pub(super) fn container_security_context(pod: &Pod, container: &Container) -> Li
         supplemental_groups_policy,
         // Only an explicit allowPrivilegeEscalation: false sets no_new_privs.
         no_new_privs: sc.allow_privilege_escalation == Some(false),
-        masked_paths: paths(&MASKED_PATHS),
-        readonly_paths: paths(&READONLY_PATHS),
+        masked_paths: paths(KUBELET_MASKED),
+        readonly_paths: paths(KUBELET_READONLY),
         seccomp: Some(seccomp(sc.seccomp_profile.as_ref())),
         ..LinuxContainerSecurityContext::default()
     }
