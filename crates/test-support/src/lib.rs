@@ -2,7 +2,7 @@
 //!
 //! - [`eventually`] and [`eventually_blocking`]: poll a condition until it holds or a bound
 //!   passes, then fail with what was awaited and a diagnosis.
-//! - [`skip`], [`skip_optional`], [`missing_tools`], [`require_tools`]: prerequisite checks. A
+//! - [`skip`], [`skipped`], [`skip_optional`], [`missing_tools`]: prerequisite checks. A
 //!   test that lacks a prerequisite prints why and returns early, and records the skip where
 //!   CI counts it (`HPK_SKIP_LOG`), so that a skip is never counted as a pass. Under
 //!   `HPK_REQUIRE_TOOLS=1` (the README's test command sets it, after installing every tool) a
@@ -15,5 +15,5 @@ pub mod manifest;
 mod skip;
 mod wait;
 
-pub use skip::{missing_tools, require_tools, requiring_tools, skip, skip_optional, skipped};
+pub use skip::{missing_tools, requiring_tools, skip, skip_optional, skipped};
 pub use wait::{eventually, eventually_blocking};

@@ -57,16 +57,6 @@ pub fn missing_tools<'a>(tools: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
-/// Whether every program of `tools` is on PATH; when not, [`skip`]s naming the missing ones.
-pub fn require_tools(tools: &[&str]) -> bool {
-    let missing = missing_tools(tools);
-    if missing.is_empty() {
-        return true;
-    }
-    skip(format!("not on PATH: {} (scripts/setup.sh installs them)", missing.join(", ")));
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

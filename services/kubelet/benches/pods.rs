@@ -22,14 +22,8 @@ use support::Cluster;
 const PODS: usize = 100;
 
 fn pod(name: &str, image: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"bench": "pods"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": image, "command": ["sleep", "3600"]}]
-        }
-    }))
-    .expect("pod")
+    let manifest = hpk_integration::manifest::pod(name, image, &["sleep", "3600"], &[("bench", "pods")]);
+    serde_json::from_value(manifest).expect("pod")
 }
 
 fn main() {

@@ -18,9 +18,9 @@ fn apptainer_on_path() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crictl_runs_a_pod_with_the_apptainer_engine() {
     if !apptainer_on_path() {
-        hpk_test_support::skipped(
-            "apptainer not on PATH (optional engine; HPK_REQUIRE_TOOLS does not require it; \
-             install Apptainer to run this test — its invocations are unit-tested regardless)",
+        hpk_test_support::skip_optional(
+            "apptainer not on PATH (HPK_REQUIRE_TOOLS does not require it; install Apptainer to run \
+             this test — its invocations are unit-tested regardless)",
         );
         return;
     }
