@@ -243,6 +243,12 @@ mod tests {
 
     #[test]
     fn releasing_nothing_is_fine_and_a_dir_without_mounts_goes() {
+        // The runtime always holds CAP_SYS_ADMIN over its mount namespace (it mounts overlays);
+        // without it, unmounting even a point that is no mount says EPERM, not EINVAL.
+        if !nix::unistd::geteuid().is_root() {
+            hpk_test_support::skip("unmounting needs CAP_SYS_ADMIN");
+            return;
+        }
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("ctr");
         std::fs::create_dir_all(dir.join(STAGING).join("0")).expect("mkdir");
