@@ -5,7 +5,8 @@
 //! - the kubelet's RSS with 100 pods.
 //!
 //! Run (as root, after `cargo build --release --workspace --bins`):
-//! `cargo bench -p hpk-kubelet --bench pods`
+//! `cargo bench -p hpk-kubelet --bench pods`. With `HPK_BENCH_SAMPLES=FILE` every sequential
+//! sample is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -51,6 +52,15 @@ fn running_times(c: &Cluster) -> tokio::sync::mpsc::UnboundedReceiver<(String, I
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Appends `samples` to `$HPK_BENCH_SAMPLES`, if set.
+fn record_samples(name: &str, samples: &[Duration]) {
+    let Some(path) = std::env::var_os("HPK_BENCH_SAMPLES") else { return };
+    let lines: String = samples.iter().map(|d| format!("{name}\t{:.3}\n", d.as_secs_f64() * 1e3)).collect();
+    let mut file =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open samples file");
+    std::io::Write::write_all(&mut file, lines.as_bytes()).expect("write samples");
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -116,6 +126,7 @@ async fn run() {
     }
     let kubelet_pid = c.node.kubelet_pid().expect("kubelet");
     let rss_100 = rss_kib(kubelet_pid);
+    record_samples("create → Running, sequential", &latencies);
     latencies.sort();
     println!(
         "sequential create → Running ({PODS} pods): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",

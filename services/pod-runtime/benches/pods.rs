@@ -1,9 +1,11 @@
 //! Pod start latency (RunPodSandbox → CreateContainer → StartContainer returned, image present)
-//! over CRI against the release `hpk-pod-runtime`, sequential and 10 at a time; the runtime's RSS
-//! with 100 pods; memory per sleeping pod with 250 pods.
+//! over CRI against the release `hpk-pod-runtime`, sequential and 10 at a time, with the
+//! sequential run split into its three calls; the runtime's RSS with 100 pods; memory per sleeping
+//! pod with 250 pods.
 //!
 //! Run (as root, with crun, docker-registry and busybox-static installed):
-//! `cargo bench -p hpk-pod-runtime --bench pods`
+//! `cargo bench -p hpk-pod-runtime --bench pods`. With `HPK_BENCH_SAMPLES=FILE` every sample
+//! is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs and compare builds.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
@@ -82,9 +84,13 @@ async fn run() {
 
     let mut ids = Vec::new();
     let mut sequential = Vec::new();
+    let mut phases: [Vec<Duration>; 3] = Default::default();
     for i in 0..100 {
-        let (latency, id) = start_pod(channel.clone(), reference.clone(), format!("seq-{i}")).await;
-        sequential.push(latency);
+        let (started, id) = start_pod(channel.clone(), reference.clone(), format!("seq-{i}")).await;
+        sequential.push(started.total());
+        for (samples, phase) in phases.iter_mut().zip(started.phases) {
+            samples.push(phase);
+        }
         ids.push(id);
     }
     let rss_100 = rss_kib(server.0.id());
@@ -94,8 +100,8 @@ async fn run() {
             .map(|i| tokio::spawn(start_pod(channel.clone(), reference.clone(), format!("par-{batch}-{i}"))))
             .collect();
         for task in tasks {
-            let (latency, id) = task.await.expect("task");
-            concurrent.push(latency);
+            let (started, id) = task.await.expect("task");
+            concurrent.push(started.total());
             ids.push(id);
         }
     }
@@ -109,6 +115,9 @@ async fn run() {
     println!("| measurement | n | p50 | p99 | max |");
     println!("|---|---|---|---|---|");
     row("RunPodSandbox → container running, sequential", &mut sequential);
+    for (name, samples) in ["RunPodSandbox", "CreateContainer", "StartContainer"].iter().zip(&mut phases) {
+        row(&format!("  of which {name}, sequential"), samples);
+    }
     row("RunPodSandbox → container running, 10 at a time", &mut concurrent);
     println!();
     println!("runtime RSS with 100 pods: {:.1} MiB; with 250 pods: {:.1} MiB", mib(rss_100), mib(rss_250));
@@ -129,8 +138,19 @@ async fn run() {
     drop(server);
 }
 
-/// Starts one pod with a sleeping container; returns the latency and the sandbox ID.
-async fn start_pod(channel: Channel, reference: String, name: String) -> (Duration, String) {
+/// How long each of a pod start's three calls took.
+struct Started {
+    phases: [Duration; 3],
+}
+
+impl Started {
+    fn total(&self) -> Duration {
+        self.phases.iter().sum()
+    }
+}
+
+/// Starts one pod with a sleeping container; returns the calls' latencies and the sandbox ID.
+async fn start_pod(channel: Channel, reference: String, name: String) -> (Started, String) {
     let mut runtime = RuntimeServiceClient::new(channel);
     let config = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
@@ -148,6 +168,7 @@ async fn start_pod(channel: Channel, reference: String, name: String) -> (Durati
         .expect("run sandbox")
         .into_inner()
         .pod_sandbox_id;
+    let sandboxed = Instant::now();
     let container = cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata { name: "sleep".into(), attempt: 0 }),
         image: Some(cri::ImageSpec { image: reference, ..Default::default() }),
@@ -164,11 +185,14 @@ async fn start_pod(channel: Channel, reference: String, name: String) -> (Durati
         .expect("create")
         .into_inner()
         .container_id;
+    let created = Instant::now();
     runtime.start_container(cri::StartContainerRequest { container_id: id }).await.expect("start");
-    (start.elapsed(), sandbox)
+    let phases = [sandboxed - start, created - sandboxed, created.elapsed()];
+    (Started { phases }, sandbox)
 }
 
 fn row(name: &str, samples: &mut [Duration]) {
+    record_samples(name, samples);
     samples.sort();
     let pick = |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).saturating_sub(1)];
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -179,6 +203,16 @@ fn row(name: &str, samples: &mut [Duration]) {
         ms(pick(0.99)),
         ms(*samples.last().expect("samples"))
     );
+}
+
+/// Appends `samples` to `$HPK_BENCH_SAMPLES`, if set.
+fn record_samples(name: &str, samples: &[Duration]) {
+    let Some(path) = std::env::var_os("HPK_BENCH_SAMPLES") else { return };
+    let lines: String =
+        samples.iter().map(|d| format!("{}\t{:.3}\n", name.trim(), d.as_secs_f64() * 1e3)).collect();
+    let mut file =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open samples file");
+    std::io::Write::write_all(&mut file, lines.as_bytes()).expect("write samples");
 }
 
 fn rss_kib(pid: u32) -> u64 {
