@@ -59,6 +59,19 @@ pub struct KubeletArgs {
     #[arg(long = "forbidden-host-path", env = "HPK_FORBIDDEN_HOST_PATHS", value_delimiter = ',',
           default_values = crate::volumes::DEFAULT_FORBIDDEN, value_parser = parse_absolute)]
     pub forbidden_host_paths: Vec<PathBuf>,
+    /// A host path hostPath volumes may reach (repeatable, or comma-separated): when any is
+    /// given, a hostPath must lie inside one of them, its links resolved. HPK's bubbles pass
+    /// what they bind from the host (the user's $HOME, the job's submit directory, --bind) and
+    /// their local volume directory. None: every path not forbidden.
+    #[arg(long = "allowed-host-path", env = "HPK_ALLOWED_HOST_PATHS", value_delimiter = ',',
+          value_parser = parse_absolute)]
+    pub allowed_host_paths: Vec<PathBuf>,
+    /// A directory no hostPath may lie inside, though one may contain it (repeatable, or
+    /// comma-separated): HPK's bubbles pass HPK's own directories on the host, which they
+    /// cover when a bound path holds them.
+    #[arg(long = "hidden-host-path", env = "HPK_HIDDEN_HOST_PATHS", value_delimiter = ',',
+          value_parser = parse_absolute)]
+    pub hidden_host_paths: Vec<PathBuf>,
     /// Where containers' logs go (`<namespace>_<pod>_<uid>/<container>/<n>.log`); by default
     /// `<root-dir>/pod-logs`.
     #[arg(long, env = "HPK_POD_LOGS_DIR")]

@@ -85,7 +85,11 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         summaries: Mutex::new(BTreeMap::new()),
         pods: Mutex::new(BTreeMap::new()),
         ids: id_mappings(),
-        forbidden_host_paths: args.forbidden_host_paths.clone(),
+        host_paths: crate::volumes::HostPaths {
+            forbidden: args.forbidden_host_paths.clone(),
+            allowed: args.allowed_host_paths.clone(),
+            hidden: args.hidden_host_paths.clone(),
+        },
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));

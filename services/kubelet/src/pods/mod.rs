@@ -66,8 +66,9 @@ pub struct Context {
     /// The user and group IDs of this kubelet's bubble (`None`: unknown, every ID is taken as
     /// mapped). The runtime's too, unless it is remote (connector mode).
     pub ids: Option<crate::idmap::IdMappings>,
-    /// Host directories no hostPath volume may reach (`--forbidden-host-path`).
-    pub forbidden_host_paths: Vec<PathBuf>,
+    /// The host paths hostPath volumes may reach (`--forbidden-host-path`,
+    /// `--allowed-host-path`).
+    pub host_paths: crate::volumes::HostPaths,
 }
 
 impl Context {

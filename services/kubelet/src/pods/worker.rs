@@ -390,7 +390,7 @@ impl Worker {
         crate::volumes::VolumeContext {
             facts: self.facts(),
             ids: self.ctx.ids.clone(),
-            forbidden_host_paths: self.ctx.forbidden_host_paths.clone(),
+            host_paths: self.ctx.host_paths.clone(),
         }
     }
 

@@ -110,6 +110,20 @@ pub enum VolumeError {
         /// The forbidden directory it reaches.
         forbidden: PathBuf,
     },
+    /// A hostPath outside every host path the bubble binds.
+    #[error(
+        "hostPath {path} for volume {volume:?} is refused: it (resolved: {resolved}) lies outside the host paths this cluster binds ({allowed}); add it with --bind on hpk up or hpk.slurm, or HPK_BIND"
+    )]
+    HostPathNotBound {
+        /// The volume's name.
+        volume: String,
+        /// The host path as given.
+        path: PathBuf,
+        /// It with its links resolved (as far as it exists).
+        resolved: PathBuf,
+        /// The bound paths (`--allowed-host-path`), comma-separated.
+        allowed: String,
+    },
     /// A hostPath `type` the API does not define.
     #[error("hostPath {path} for volume {volume:?} has unknown type {kind:?}")]
     HostPathUnknownType {

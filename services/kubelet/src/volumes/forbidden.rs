@@ -1,4 +1,6 @@
-//! Host paths no pod may mount: HPK's own directories (`/hpk`, which holds the shared directory
+//! Which host paths pods may mount. Where the kubelet is told the paths its bubble binds from
+//! the host (`--allowed-host-path`), a hostPath must lie inside one of them: anything else is
+//! the bubble's own image, never what a user means. And never HPK's own directories (`/hpk`, which holds the shared directory
 //! `/hpk/shared` with the cluster's credentials, and `/var/lib/hpk`, the bubble's node directory
 //! with its keys and every pod's files), any path inside them, and any parent of them (a
 //! hostPath of `/` would expose them all). Review H5.
@@ -16,18 +18,36 @@ use super::VolumeError;
 /// The directories refused by default (`--forbidden-host-path`).
 pub const DEFAULT_FORBIDDEN: &[&str] = &["/hpk", "/var/lib/hpk"];
 
-/// Refuses `path` (a hostPath of volume `volume`) if it reaches a directory of `forbidden`.
-pub fn check(volume: &str, path: &Path, forbidden: &[PathBuf]) -> Result<(), VolumeError> {
+/// The host paths hostPath volumes (and hostPath or local PersistentVolumes) may reach.
+#[derive(Debug, Clone, Default)]
+pub struct HostPaths {
+    /// Directories no hostPath may reach: inside or above them (`--forbidden-host-path`).
+    pub forbidden: Vec<PathBuf>,
+    /// When not empty, a hostPath must lie inside one of these, its links resolved
+    /// (`--allowed-host-path`: what the bubble binds from the host).
+    pub allowed: Vec<PathBuf>,
+    /// Directories no hostPath may lie inside, though one may contain them
+    /// (`--hidden-host-path`: HPK's own directories inside a bound path, which the bubble sees
+    /// covered by an empty read-only directory).
+    pub hidden: Vec<PathBuf>,
+}
+
+/// Refuses `path` (a hostPath of volume `volume`) if it reaches a forbidden directory of
+/// `paths`, or lies outside every allowed one.
+pub fn check(volume: &str, path: &Path, paths: &HostPaths) -> Result<(), VolumeError> {
     let written = lexical(path);
     let resolved = resolve_existing(&written);
-    for dir in forbidden {
+    // (directory, whether only lying inside it is refused)
+    let reserved_dirs =
+        paths.forbidden.iter().map(|dir| (dir, false)).chain(paths.hidden.iter().map(|dir| (dir, true)));
+    for (dir, only_inside) in reserved_dirs {
         let dir_written = lexical(dir);
         let dir_resolved = resolve_existing(&dir_written);
         for candidate in [&written, &resolved] {
             for reserved in [&dir_written, &dir_resolved] {
                 let relation = if candidate.starts_with(reserved) {
                     "lies inside"
-                } else if reserved.starts_with(candidate) {
+                } else if !only_inside && reserved.starts_with(candidate) {
                     "contains"
                 } else {
                     continue;
@@ -42,7 +62,23 @@ pub fn check(volume: &str, path: &Path, forbidden: &[PathBuf]) -> Result<(), Vol
             }
         }
     }
-    Ok(())
+    if paths.allowed.is_empty() {
+        return Ok(());
+    }
+    // Where the mount leads is what counts: a link inside a bound path may point out of it.
+    let inside = paths.allowed.iter().any(|dir| {
+        let dir_written = lexical(dir);
+        resolved.starts_with(&dir_written) || resolved.starts_with(resolve_existing(&dir_written))
+    });
+    if inside {
+        return Ok(());
+    }
+    Err(VolumeError::HostPathNotBound {
+        volume: volume.to_owned(),
+        path: path.to_owned(),
+        resolved,
+        allowed: paths.allowed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+    })
 }
 
 /// `path` with `.` and `..` (never above `/`) and repeated slashes removed, without looking at
@@ -86,7 +122,8 @@ mod tests {
     use super::*;
 
     fn refused(path: &Path, forbidden: &[PathBuf]) -> Option<String> {
-        check("v", path, forbidden).err().map(|e| e.to_string())
+        let paths = HostPaths { forbidden: forbidden.to_vec(), ..HostPaths::default() };
+        check("v", path, &paths).err().map(|e| e.to_string())
     }
 
     #[test]
@@ -143,5 +180,53 @@ mod tests {
         symlink(&reserved, base.join("hpk-link")).expect("link");
         let err = refused(&reserved.join("shared"), &[base.join("hpk-link")]).expect("through the link");
         assert!(err.contains("lies inside"), "{err}");
+    }
+
+    #[test]
+    fn with_bound_paths_only_what_lies_inside_one_is_allowed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let base = fs::canonicalize(tmp.path()).expect("canonical");
+        let home = base.join("home/alice");
+        let scratch = base.join("scratch");
+        fs::create_dir_all(home.join("data")).expect("mkdir");
+        fs::create_dir_all(&scratch).expect("mkdir");
+        fs::create_dir_all(base.join("etc")).expect("mkdir");
+        symlink(base.join("etc"), home.join("escape")).expect("link");
+        symlink(&scratch, home.join("to-scratch")).expect("link");
+        let paths = HostPaths {
+            forbidden: vec![PathBuf::from("/hpk")],
+            allowed: vec![home.clone(), scratch.clone(), PathBuf::from("/var/local/hpk")],
+            hidden: vec![home.join(".hpk")],
+        };
+        let allowed = |path: &Path| check("v", path, &paths).map_err(|e| e.to_string());
+        for path in [
+            home.clone(),
+            home.join("data"),
+            home.join("data/not/yet"),
+            scratch.join("run-1"),
+            home.join("to-scratch/run-2"),
+            PathBuf::from("/var/local/hpk/pv-1"),
+        ] {
+            allowed(&path).unwrap_or_else(|e| panic!("{} refused: {e}", path.display()));
+        }
+        for path in [
+            base.join("etc"),
+            home.join("escape"),
+            home.join("escape/passwd"),
+            home.join("data/../../bob"),
+            base.join("home"),
+            PathBuf::from("/etc/passwd"),
+        ] {
+            let err = allowed(&path).expect_err(&format!("{} allowed", path.display()));
+            assert!(err.contains("lies outside the host paths this cluster binds"), "{err}");
+            assert!(err.contains("--bind"), "the error names the option: {err}");
+        }
+        // HPK's own directory inside a bound path may not be mounted, though the bound path
+        // holding it may (the bubble covers it).
+        for path in [home.join(".hpk"), home.join(".hpk/hpk.kubeconfig"), home.join("to-scratch/../.hpk")] {
+            let err = allowed(&path).expect_err(&format!("{} allowed", path.display()));
+            assert!(err.contains("lies inside") && err.contains("keeps for HPK itself"), "{err}");
+        }
+        allowed(&home).expect("$HOME itself");
     }
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 use super::VolumeError;
+use super::forbidden::HostPaths;
 use crate::objects::ObjectSource;
 
 /// What a hostPath `type` requires to find at the path.
@@ -65,15 +66,10 @@ fn describe(meta: &Metadata) -> &'static str {
 }
 
 /// Checks `path` against hostPath `kind` (`None` or "" checks nothing), creating it for the
-/// `…OrCreate` types, and refuses it if it reaches a directory of `forbidden` (before anything
+/// `…OrCreate` types, and refuses it if `allowed` refuses it (before anything
 /// is created, and again once it exists). Symlinks at `path` are followed, as the kubelet
 /// follows them.
-pub fn check(
-    volume: &str,
-    path: &Path,
-    kind: Option<&str>,
-    forbidden: &[PathBuf],
-) -> Result<(), VolumeError> {
+pub fn check(volume: &str, path: &Path, kind: Option<&str>, allowed: &HostPaths) -> Result<(), VolumeError> {
     if !path.is_absolute() {
         return Err(VolumeError::BadPath {
             volume: volume.to_owned(),
@@ -81,9 +77,9 @@ pub fn check(
             reason: "must be an absolute host path",
         });
     }
-    super::forbidden::check(volume, path, forbidden)?;
+    super::forbidden::check(volume, path, allowed)?;
     check_type(volume, path, kind)?;
-    super::forbidden::check(volume, path, forbidden)
+    super::forbidden::check(volume, path, allowed)
 }
 
 fn check_type(volume: &str, path: &Path, kind: Option<&str>) -> Result<(), VolumeError> {
@@ -144,7 +140,7 @@ pub async fn claim_path(
     namespace: &str,
     claim: &str,
     objects: &impl ObjectSource,
-    forbidden: &[PathBuf],
+    allowed: &HostPaths,
 ) -> Result<PathBuf, VolumeError> {
     let problem = |problem: String| VolumeError::Claim {
         volume: volume.to_owned(),
@@ -181,7 +177,7 @@ pub async fn claim_path(
             "PersistentVolume {pv_name} is not a hostPath or local volume, the only kinds this node can mount"
         ))
     })?;
-    check(volume, &path, kind.as_deref(), forbidden)?;
+    check(volume, &path, kind.as_deref(), allowed)?;
     Ok(path)
 }
 
@@ -205,7 +201,7 @@ mod tests {
     use super::*;
 
     fn check_type(path: &Path, kind: &str) -> Result<(), VolumeError> {
-        check("v", path, Some(kind), &[])
+        check("v", path, Some(kind), &HostPaths::default())
     }
 
     #[test]
@@ -248,7 +244,10 @@ mod tests {
         let err = check_type(&dir.join("missing"), "File").expect_err("missing");
         assert!(err.to_string().contains("is missing"), "{err}");
         assert!(matches!(check_type(dir, "Folder"), Err(VolumeError::HostPathUnknownType { .. })));
-        assert!(matches!(check("v", Path::new("rel"), None, &[]), Err(VolumeError::BadPath { .. })));
+        assert!(matches!(
+            check("v", Path::new("rel"), None, &HostPaths::default()),
+            Err(VolumeError::BadPath { .. })
+        ));
 
         // A block device, where the machine has one.
         let block = fs::read_dir("/dev")
@@ -269,28 +268,33 @@ mod tests {
     fn or_create_types_create_what_is_missing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("a/b");
-        check("v", &dir, Some("DirectoryOrCreate"), &[]).expect("created");
+        check("v", &dir, Some("DirectoryOrCreate"), &HostPaths::default()).expect("created");
         assert!(dir.is_dir());
         assert_eq!(fs::metadata(&dir).expect("meta").permissions().mode() & 0o777, 0o755);
-        check("v", &dir, Some("DirectoryOrCreate"), &[]).expect("exists");
+        check("v", &dir, Some("DirectoryOrCreate"), &HostPaths::default()).expect("exists");
         let file = dir.join("f");
-        check("v", &file, Some("FileOrCreate"), &[]).expect("created");
+        check("v", &file, Some("FileOrCreate"), &HostPaths::default()).expect("created");
         assert_eq!(fs::metadata(&file).expect("meta").len(), 0);
         assert_eq!(fs::metadata(&file).expect("meta").permissions().mode() & 0o777, 0o644);
         fs::write(&file, b"data").expect("write");
-        check("v", &file, Some("FileOrCreate"), &[]).expect("kept");
+        check("v", &file, Some("FileOrCreate"), &HostPaths::default()).expect("kept");
         assert_eq!(fs::read(&file).expect("read"), b"data", "an existing file is left alone");
-        let err = check("v", &file, Some("DirectoryOrCreate"), &[]).expect_err("file in the way");
+        let err =
+            check("v", &file, Some("DirectoryOrCreate"), &HostPaths::default()).expect_err("file in the way");
         assert!(err.to_string().contains("is a file, type DirectoryOrCreate requires a directory"), "{err}");
         // Nothing is created under a forbidden directory.
         let reserved = tmp.path().join("hpk");
-        let err =
-            check("v", &reserved.join("new"), Some("DirectoryOrCreate"), std::slice::from_ref(&reserved))
-                .expect_err("forbidden");
+        let err = check(
+            "v",
+            &reserved.join("new"),
+            Some("DirectoryOrCreate"),
+            &HostPaths { forbidden: vec![reserved.clone()], ..HostPaths::default() },
+        )
+        .expect_err("forbidden");
         assert!(matches!(err, VolumeError::HostPathForbidden { .. }), "{err}");
         assert!(!reserved.exists(), "refused before anything was made");
-        let err =
-            check("v", &tmp.path().join("no/parent"), Some("FileOrCreate"), &[]).expect_err("no parent");
+        let err = check("v", &tmp.path().join("no/parent"), Some("FileOrCreate"), &HostPaths::default())
+            .expect_err("no parent");
         assert!(matches!(err, VolumeError::Io { .. }), "{err:?}");
     }
 }

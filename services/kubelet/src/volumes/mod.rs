@@ -36,7 +36,7 @@ use crate::objects::ObjectSource;
 
 pub use atomic::{FileData, Payload};
 pub use error::VolumeError;
-pub use forbidden::DEFAULT_FORBIDDEN;
+pub use forbidden::{DEFAULT_FORBIDDEN, HostPaths};
 pub use hosts::{wants_etc_hosts, write_etc_hosts};
 pub use mounts::SUB_PATH_ROOTS;
 pub use remove::remove;
@@ -52,9 +52,10 @@ pub struct VolumeContext {
     /// The bubble's user and group IDs: an fsGroup or user outside them is not applied
     /// (`None`: unknown, every ID is tried).
     pub ids: Option<IdMappings>,
-    /// Host directories no hostPath (or hostPath/local PersistentVolume) may reach: inside or
-    /// above them (`--forbidden-host-path`; empty by default here, the flag has the defaults).
-    pub forbidden_host_paths: Vec<PathBuf>,
+    /// The host paths hostPath (and hostPath/local PersistentVolume) volumes may reach
+    /// (`--forbidden-host-path`, `--allowed-host-path`; nothing refused by default here, the
+    /// flags have the defaults).
+    pub host_paths: HostPaths,
 }
 
 /// A container's CRI mounts, and the volume of each of its subPath mounts.
@@ -274,13 +275,12 @@ impl PodVolumes {
         }
         if let Some(host) = &volume.host_path {
             let path = PathBuf::from(&host.path);
-            host_path::check(name, &path, host.type_.as_deref(), &ctx.forbidden_host_paths)?;
+            host_path::check(name, &path, host.type_.as_deref(), &ctx.host_paths)?;
             return Ok(Prepared { source: path, kind: Kind::HostPath });
         }
         if let Some(claim) = &volume.persistent_volume_claim {
             let path =
-                host_path::claim_path(name, namespace, &claim.claim_name, objects, &ctx.forbidden_host_paths)
-                    .await?;
+                host_path::claim_path(name, namespace, &claim.claim_name, objects, &ctx.host_paths).await?;
             return Ok(Prepared {
                 source: path,
                 kind: Kind::Claim { read_only: claim.read_only.unwrap_or(false) },
@@ -290,8 +290,7 @@ impl PodVolumes {
             // A generic ephemeral volume is a claim the ephemeral-volume controller names
             // `<pod>-<volume>`; the node mounts it like any other claim.
             let claim = format!("{}-{name}", pod.metadata.name.as_deref().unwrap_or_default());
-            let path =
-                host_path::claim_path(name, namespace, &claim, objects, &ctx.forbidden_host_paths).await?;
+            let path = host_path::claim_path(name, namespace, &claim, objects, &ctx.host_paths).await?;
             return Ok(Prepared { source: path, kind: Kind::Claim { read_only: false } });
         }
         // Everything is read before anything is written.

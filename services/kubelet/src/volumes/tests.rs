@@ -371,7 +371,10 @@ async fn host_paths_into_hpks_directories_are_refused_with_the_reason() {
     let reserved = base.join("hpk");
     fs::create_dir_all(reserved.join("shared")).expect("mkdir");
     std::os::unix::fs::symlink(reserved.join("shared"), base.join("innocent")).expect("link");
-    let context = VolumeContext { forbidden_host_paths: vec![reserved.clone()], ..Default::default() };
+    let context = VolumeContext {
+        host_paths: HostPaths { forbidden: vec![reserved.clone()], ..HostPaths::default() },
+        ..Default::default()
+    };
     let objects = FakeObjects::default();
     objects.add_claim(json!({"metadata": {"name": "data", "namespace": "ns"},
         "spec": {"volumeName": "pv-hpk"}, "status": {"phase": "Bound"}}));

@@ -53,7 +53,7 @@ fn harness(spec: serde_json::Value) -> Harness {
         summaries: Mutex::new(BTreeMap::new()),
         pods: Mutex::new(BTreeMap::new()),
         ids: None,
-        forbidden_host_paths: Vec::new(),
+        host_paths: crate::volumes::HostPaths::default(),
     });
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
