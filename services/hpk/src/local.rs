@@ -81,6 +81,11 @@ pub async fn up(args: &UpArgs) -> Result<()> {
         )));
     }
     step("checking prerequisites");
+    // A --bind that cannot be bound fails here, before anything is made.
+    let (_, warnings) = bubble::binds::resolve_here(&args.options.binds)?;
+    for warning in &warnings {
+        eprintln!("hpk: warning: {warning}");
+    }
     preflight::check_all(&cluster::state_base())?;
     let image_path = args.image.clone().unwrap_or_else(default_image);
     step(&format!("unpacking the image {}", image_path.display()));

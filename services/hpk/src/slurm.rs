@@ -242,6 +242,11 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     use tokio::signal::unix::{SignalKind, signal};
     let env = SlurmEnv::from_env()?;
     let shared = Shared::new(&env.job_id)?;
+    // A --bind that cannot be bound fails the job here, before any node starts.
+    let (binds, warnings) = bubble::binds::resolve_here(&args.options.binds)?;
+    for warning in &warnings {
+        println!("hpk: warning: {warning}");
+    }
     let exe = std::env::current_exe().map_err(|e| Error::io("find", "this program", e))?;
     let t0 = Instant::now();
     println!(
@@ -251,6 +256,9 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
         env.nodes,
         args.image.display()
     );
+    for bind in &binds {
+        println!("hpk: every node sees {}", bind);
+    }
     let mut term = signal(SignalKind::terminate()).map_err(|e| Error::io("watch", "SIGTERM", e))?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::io("watch", "SIGINT", e))?;
 

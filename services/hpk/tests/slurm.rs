@@ -200,6 +200,75 @@ async fn several_ids_three_nodes_from_the_bundle_then_scancel_leaves_nothing() {
     end_to_end(Ids::Several).await;
 }
 
+/// The user's files in pods, through PersistentVolumes (which Pod Security's baseline allows):
+/// a pod on a worker reads the read-only `--bind` and writes into `$HOME`, and the file is the
+/// user's on the host, whichever IDs the bubble maps.
+fn users_files(env: &SlurmEnv, id: u32) {
+    let home = env.home();
+    let volume = |name: &str, path: &str| {
+        format!(
+            "apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {name}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  storageClassName: ''
+  claimRef: {{namespace: default, name: {name}}}
+  hostPath: {{path: {path}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}}}
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: ''
+  volumeName: {name}
+  resources: {{requests: {{storage: 1Gi}}}}
+---
+"
+        )
+    };
+    env.apply(
+        id,
+        &format!(
+            "{}{}apiVersion: v1
+kind: Pod
+metadata: {{name: writer}}
+spec:
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: node2}}
+  containers:
+  - name: w
+    image: {}
+    command: [sh, -c, 'cat /inputs/data && hostname > /home-dir/from-pod && (echo x > /inputs/data || echo READ-ONLY)']
+    volumeMounts: [{{name: home, mountPath: /home-dir}}, {{name: inputs, mountPath: /inputs}}]
+  volumes:
+  - {{name: home, persistentVolumeClaim: {{claimName: home}}}}
+  - {{name: inputs, persistentVolumeClaim: {{claimName: inputs}}}}
+",
+            volume("home", &home.display().to_string()),
+            volume("inputs", "/data/inputs"),
+            env.shell
+        ),
+    );
+    eventually_or(
+        "pod writer: Succeeded",
+        Duration::from_secs(120),
+        || {
+            (env.kubectl_ok(id, &["get", "pod", "writer", "-o", "jsonpath={.status.phase}"]) == "Succeeded")
+                .then_some(())
+        },
+        || env.diagnose(id),
+    );
+    let logs = env.kubectl_ok(id, &["logs", "writer"]);
+    assert!(logs.contains("reference") && logs.contains("READ-ONLY"), "the --bind, read-only: {logs}");
+    let written = home.join("from-pod");
+    assert_eq!(std::fs::read_to_string(&written).expect("the pod's file in $HOME").trim(), "writer");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&written).expect("meta")), env.uid());
+    assert_eq!(std::fs::read_to_string(home.join("inputs/data")).expect("inputs").trim(), "reference");
+}
+
 /// The suite a user's session is: `sbatch` from the unpacked bundle on nodes without crun,
 /// slirp4netns, nsenter or unshare (nor newuidmap, with one ID), then the cluster through
 /// kubectl only.
@@ -209,8 +278,16 @@ async fn end_to_end(ids: Ids) {
     }
     let _serial = SERIAL.lock().await;
     let env = SlurmEnv::start_site(3, ids).await;
+    // The user's reference data, bound read-only at another path with --bind.
+    let inputs = env.home().join("inputs");
+    let made =
+        env.slurm.command_as_user("sh").args(["-c", "mkdir inputs && echo reference > inputs/data"]).output();
+    assert!(made.is_ok_and(|o| o.status.success()), "the user's inputs");
+    let bind = format!("--bind={}:/data/inputs:ro", inputs.display());
     let t0 = Instant::now();
-    let id = env.submit(&["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"]).expect("sbatch");
+    let id = env
+        .submit_with(&["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"], &[&bind])
+        .expect("sbatch");
     let up = env.wait_up(id, t0);
     eprintln!("job {id} ({ids:?}): cluster up {:.1} s after sbatch", up.as_secs_f64());
     let mut nodes = ready_nodes(&env, id);
@@ -230,6 +307,7 @@ async fn end_to_end(ids: Ids) {
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), env.uid());
     nodes_are_the_allocation(&env, id);
     images_of_several_owners(&env, id);
+    users_files(&env, id);
 
     // A Deployment of 6 spread over the 3 nodes, behind a ClusterIP Service.
     env.apply(

@@ -20,6 +20,7 @@
 //! crun and slirp4netns are the image's own ([`crate::hosttools`]); before them, the launcher
 //! enters its own user namespace ([`ids`]: one ID or several) and a private mount namespace.
 
+pub mod binds;
 pub mod ids;
 pub mod publish;
 pub mod spec;
@@ -137,6 +138,11 @@ pub struct NodeOptions {
     /// more than a day. In a Slurm job, the job's time left [default: 30d, or the job's].
     #[arg(long, value_parser = crate::cluster::parse_lifetime)]
     pub lifetime: Option<std::time::Duration>,
+    /// A host path every bubble sees, which pods may mount as hostPath: SRC[:DST][:ro]
+    /// (repeatable; or HPK_BIND, comma-separated, when no --bind is given). $HOME and a Slurm
+    /// job's submit directory are bound too, at their own paths.
+    #[arg(long = "bind", env = "HPK_BIND", value_delimiter = ',')]
+    pub binds: Vec<binds::Bind>,
 }
 
 impl NodeOptions {
@@ -150,6 +156,7 @@ impl NodeOptions {
         if let Some(lifetime) = self.lifetime {
             args.push(format!("--lifetime={}s", lifetime.as_secs()));
         }
+        args.extend(self.binds.iter().map(|b| format!("--bind={b}")));
         args
     }
 }
@@ -184,6 +191,7 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     cluster::host_uid();
     // Bad input is refused before anything is made.
     client_ca(args)?;
+    binds::resolve_here(&args.options.binds)?;
     // The node-token key comes from whoever started this launcher, never from the shared
     // directory (review M4); a runtime bubble enrols nothing.
     let token_key = match args.role {
@@ -290,11 +298,32 @@ fn bind_shared_read_only(shared: &Path, at: &Path) -> Result<()> {
     image::create_private_dir(at)?;
     mount(Some(shared), at, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(|e| Error::io("bind", format!("{} on {}", shared.display(), at.display()), e.into()))?;
-    // A remount must keep the flags the kernel locked on the launcher's copy of the host's
-    // mounts (nosuid, nodev, noexec, the atime mode), or it is refused. (rustix, not libc:
-    // musl's statvfs flags lack ST_RELATIME, and nix drops the bits it does not know.)
+    let undo = |what: &'static str, e: std::io::Error| {
+        let _ = umount2(at, MntFlags::MNT_DETACH);
+        Error::io(what, at.display(), e)
+    };
+    remount_read_only(at).map_err(|e| undo("remount read-only", e))?;
+    let locked =
+        locked_clone(at, false).map_err(|e| undo("lock the read-only view of the shared directory", e))?;
+    umount2(at, MntFlags::MNT_DETACH).map_err(|e| Error::io("unmount", at.display(), e.into()))?;
+    rustix::mount::move_mount(
+        &locked,
+        "",
+        rustix::fs::CWD,
+        at,
+        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| Error::io("attach the locked view of the shared directory at", at.display(), e.into()))
+}
+
+/// Remounts the bind mount at `at` read-only, keeping the flags the kernel locked on the
+/// launcher's copy of the host's mounts (nosuid, nodev, noexec, the atime mode): a remount
+/// without them is refused. (rustix, not libc: musl's statvfs flags lack ST_RELATIME, and nix
+/// drops the bits it does not know.)
+fn remount_read_only(at: &Path) -> std::io::Result<()> {
+    use nix::mount::{MsFlags, mount};
     use rustix::fs::StatVfsMountFlags as St;
-    let current = rustix::fs::statvfs(at).map_err(|e| Error::io("statvfs", at.display(), e.into()))?.f_flag;
+    let current = rustix::fs::statvfs(at)?.f_flag;
     let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
     for (st, ms) in [
         (St::NOSUID, MsFlags::MS_NOSUID),
@@ -311,28 +340,16 @@ fn bind_shared_read_only(shared: &Path, at: &Path) -> Result<()> {
     if !current.intersects(St::NOATIME | St::RELATIME) {
         flags |= MsFlags::MS_STRICTATIME;
     }
-    let undo = |what: &'static str, e: std::io::Error| {
-        let _ = umount2(at, MntFlags::MNT_DETACH);
-        Error::io(what, at.display(), e)
-    };
     mount(None::<&str>, at, None::<&str>, flags, None::<&str>)
-        .map_err(|e| undo("remount read-only", std::io::Error::other(format!("{e} (flags {current:?})"))))?;
-    let locked = locked_clone(at).map_err(|e| undo("lock the read-only view of the shared directory", e))?;
-    umount2(at, MntFlags::MNT_DETACH).map_err(|e| Error::io("unmount", at.display(), e.into()))?;
-    rustix::mount::move_mount(
-        &locked,
-        "",
-        rustix::fs::CWD,
-        at,
-        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| Error::io("attach the locked view of the shared directory at", at.display(), e.into()))
+        .map_err(|e| std::io::Error::other(format!("{e} (flags {current:?})")))
 }
 
 /// A detached clone of the mount at `path` as a child in a user and mount namespace of its own
-/// sees it: with its flags locked. The launcher is single-threaded here, so it may fork.
+/// sees it: with its flags locked and, if `recursive`, with the mounts below it, each locked to
+/// its parent (none can be unmounted to reveal what it covers). The launcher is single-threaded
+/// here, so it may fork.
 #[allow(unsafe_code)]
-fn locked_clone(path: &Path) -> std::io::Result<OwnedFd> {
+fn locked_clone(path: &Path, recursive: bool) -> std::io::Result<OwnedFd> {
     use rustix::net::{
         AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
         SendAncillaryMessage, SendFlags, SocketFlags, SocketType, recvmsg, sendmsg, socketpair,
@@ -346,12 +363,12 @@ fn locked_clone(path: &Path) -> std::io::Result<OwnedFd> {
                 nix::sched::unshare(
                     nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
                 )?;
-                let tree = rustix::mount::open_tree(
-                    rustix::fs::CWD,
-                    path,
-                    rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
-                        | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
-                )?;
+                let mut flags = rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+                    | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC;
+                if recursive {
+                    flags |= rustix::mount::OpenTreeFlags::AT_RECURSIVE;
+                }
+                let tree = rustix::mount::open_tree(rustix::fs::CWD, path, flags)?;
                 let fds = [std::os::fd::AsFd::as_fd(&tree)];
                 let mut space = [std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
                 let mut ancillary = SendAncillaryBuffer::new(&mut space);
@@ -384,9 +401,21 @@ fn locked_clone(path: &Path) -> std::io::Result<OwnedFd> {
     }
 }
 
+/// Where the views of the user's paths are mounted for the bubble of `node_dir`: beside it,
+/// not in it, so that no removal of the node directory can reach into the user's files.
+fn binds_root(node_dir: &Path) -> PathBuf {
+    let mut name = node_dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".binds");
+    node_dir.with_file_name(name)
+}
+
 /// Removes a node directory, the read-only view of the shared directory unmounted first. If
-/// that view is still mounted, nothing is removed: the removal would reach into it.
+/// that view is still mounted, nothing is removed: the removal would reach into it. The views
+/// of the user's paths beside it go too (see [`binds::clear`]).
 fn remove_node_dir(node_dir: &Path) -> std::io::Result<()> {
+    if let Err(e) = binds::clear(&binds_root(node_dir)) {
+        tracing::warn!(dir = %binds_root(node_dir).display(), error = %e, "could not remove the views of bound paths");
+    }
     use std::os::unix::fs::MetadataExt;
     let view = node_dir.join(SHARED_VIEW);
     let _ = nix::mount::umount2(&view, nix::mount::MntFlags::MNT_DETACH);
@@ -421,6 +450,13 @@ fn prepare_and_start(
     }
     let shared_view = node_dir.join(SHARED_VIEW);
     bind_shared_read_only(&shared.dir, &shared_view)?;
+    // The user's paths: $HOME, the job's submit directory, --bind.
+    let hidden = binds::hidden_dirs()?;
+    let (user_binds, warnings) = binds::resolve_here(&args.options.binds)?;
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    let views = binds::stage(&user_binds, &hidden, &binds_root(&node_dir))?;
     let unpacked = image::unpack(&args.image, &cluster::image_cache())?;
     tracing::info!(image = %args.image.display(), digest = %unpacked.digest, "image ready");
     // crun and slirp4netns come from the image, never from the host.
@@ -464,7 +500,11 @@ fn prepare_and_start(
         format!("--address={}", args.address),
         format!("--ports={}", ports.join(",")),
     ];
-    init_args.extend(args.options.to_args());
+    // The supervisor learns what is bound (the kubelet allows hostPath there, and refuses
+    // HPK's own directories).
+    let options = NodeOptions { binds: user_binds.clone(), ..args.options.clone() };
+    init_args.extend(options.to_args());
+    init_args.extend(hidden.iter().map(|h| format!("--hidden-host-path={}", h.display())));
     let (uid_map, gid_map) =
         ID_MODE.get().map(ids::IdMode::bubble_maps).unwrap_or_else(|| spec::id_maps(0, 0, None, None));
     let mut env = vec![
@@ -495,6 +535,11 @@ fn prepare_and_start(
         tun: &tun,
         uid_map,
         gid_map,
+        binds: views
+            .iter()
+            .zip(&user_binds)
+            .map(|(view, b)| (view.clone(), b.dest.clone(), b.readonly))
+            .collect(),
     });
     let bundle = node_dir.join("bundle");
     cluster::write_file(

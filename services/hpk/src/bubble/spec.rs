@@ -49,6 +49,9 @@ pub struct BubbleSpec<'a> {
     pub uid_map: Vec<IdMap>,
     /// Group mappings.
     pub gid_map: Vec<IdMap>,
+    /// The user's paths: (the launcher's view of the host path, where the bubble sees it,
+    /// read-only).
+    pub binds: Vec<(std::path::PathBuf, std::path::PathBuf, bool)>,
 }
 
 /// The ID mappings for a bubble started by `uid`/`gid`: the user is root inside; with a
@@ -87,6 +90,15 @@ pub fn subordinate_range(file: &str, user: &str, id: u32) -> Option<(u32, u32)> 
 /// The `config.json` for `spec`.
 pub fn config(spec: &BubbleSpec<'_>) -> Value {
     let mut config = base_config(spec);
+    if let Some(mounts) = config.pointer_mut("/mounts").and_then(Value::as_array_mut) {
+        for (view, dest, readonly) in &spec.binds {
+            let mut options = vec!["rbind", "nosuid", "nodev"];
+            if *readonly {
+                options.push("ro");
+            }
+            mounts.push(json!({"destination": dest, "type": "bind", "source": view, "options": options}));
+        }
+    }
     // A TUN device elsewhere than /dev/net/tun (tests) is bound in place of the device node.
     if spec.tun != Path::new("/dev/net/tun")
         && let Some(mounts) = config.pointer_mut("/mounts").and_then(Value::as_array_mut)
@@ -206,6 +218,7 @@ mod tests {
     #[test]
     fn the_root_filesystem_is_read_only_and_nothing_is_masked() {
         let spec = BubbleSpec {
+            binds: Vec::new(),
             rootfs: Path::new("/images/x/rootfs"),
             hostname: "hpk-1",
             args: vec!["/usr/local/bin/hpk".into(), "bubble-init".into()],

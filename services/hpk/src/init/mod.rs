@@ -44,6 +44,10 @@ pub struct InitArgs {
     /// Published ports, `name=port,…`.
     #[arg(long, value_delimiter = ',')]
     pub ports: Vec<String>,
+    /// A directory of HPK's on the host, which pods may not mount (repeatable; the launcher
+    /// passes `~/.hpk` and the state directory).
+    #[arg(long = "hidden-host-path", hide = true)]
+    pub hidden_host_paths: Vec<std::path::PathBuf>,
     /// Run as the supervisor (the reaper starts it so).
     #[arg(long, hide = true)]
     pub supervise: bool,

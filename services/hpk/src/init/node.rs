@@ -130,6 +130,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--cluster-dns={CLUSTER_DNS_IP}"),
         format!("--cluster-domain={CLUSTER_DOMAIN}"),
     ];
+    kubelet.extend(host_path_args(args));
     kubelet.extend(args.options.kubelet_args.iter().cloned());
     sup.start(Service::new("hpk-kubelet", "/usr/local/bin/hpk-kubelet", kubelet))?;
 
@@ -177,4 +178,15 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .map_err(|e| Error::io("read", path.display(), e))
+}
+/// The kubelet's hostPath policy: pods may mount the node's local volume directory and what
+/// the bubble binds from the host (at its destination), never HPK's own directories, in the
+/// bubble or on the host.
+fn host_path_args(args: &InitArgs) -> Vec<String> {
+    let mut out = vec![format!("--allowed-host-path={}", crate::bubble::spec::LOCAL_VOLUMES_DIR)];
+    out.extend(args.options.binds.iter().map(|b| format!("--allowed-host-path={}", b.dest.display())));
+    // The kubelet's defaults, given again (the flag replaces them): /hpk holds SHARED_DIR.
+    out.extend(["/hpk", NODE_DIR].map(|f| format!("--forbidden-host-path={f}")));
+    out.extend(args.hidden_host_paths.iter().map(|h| format!("--hidden-host-path={}", h.display())));
+    out
 }

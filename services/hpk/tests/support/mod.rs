@@ -45,6 +45,8 @@ pub struct Env {
     pub httpd: String,
     pub image: PathBuf,
     pub home: tempfile::TempDir,
+    /// `$HOME` for `hpk` (bound into every bubble); the test's own when `None`.
+    pub user_home: Option<PathBuf>,
     pub state: tempfile::TempDir,
     pub kubectl: PathBuf,
     pub host: Host,
@@ -68,6 +70,7 @@ impl Env {
             httpd,
             image,
             home: tempfile::Builder::new().prefix("hpk-home-").tempdir().expect("tempdir"),
+            user_home: None,
             state: tempfile::Builder::new().prefix("hpk-state-").tempdir().expect("tempdir"),
             kubectl,
             host,
@@ -87,6 +90,9 @@ impl Env {
             .env("HPK_HOME", self.home.path())
             .env("HPK_STATE_DIR", self.state.path())
             .env("HPK_IMAGE", &self.image);
+        if let Some(home) = &self.user_home {
+            cmd.env("HOME", home);
+        }
         cmd
     }
 

@@ -1,0 +1,206 @@
+//! The user's files in the cluster (`hpk up` on a test host, checked with the real kubectl):
+//! `$HOME` and `--bind` paths reach pods as hostPath volumes, what pods write there belongs to
+//! the user on the host, a read-only bind stays read-only, HPK's own directory inside `$HOME`
+//! is covered (and the cover cannot be lifted from inside a bubble), and a hostPath outside
+//! the bound paths is refused with an event that names `--bind`, a `--bind` that cannot be
+//! bound fails `hpk up` before anything is made, and `hpk down` leaves the user's
+//! files as they were.
+
+mod support;
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::time::Duration;
+
+use support::{Env, eventually, prerequisites, text};
+
+const CLUSTER: &str = "data";
+
+fn events(env: &Env, namespace: &str) -> String {
+    env.kubectl_ok(
+        CLUSTER,
+        &[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "reason=FailedMount",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_reach_the_users_paths_and_nothing_else() {
+    let Some(image) = prerequisites() else { return };
+    // The user's home: a fresh directory in the test's own home (the user here is root), with
+    // HPK's directory inside it, as ~/.hpk is. Made before the environment, so that it is
+    // removed after the environment's clean-up, which needs it.
+    let own_home = std::env::var_os("HOME").map(std::path::PathBuf::from).expect("HOME is set");
+    let user_home = tempfile::Builder::new().prefix("hpk-test-home-").tempdir_in(&own_home).expect("home");
+    let home = std::fs::canonicalize(user_home.path()).expect("canonical home");
+    let mut env = Env::start(image).await;
+    env.home = tempfile::Builder::new().prefix(".hpk-").tempdir_in(&home).expect("~/.hpk");
+    env.user_home = Some(home.clone());
+    let hpk_home = env.home.path().to_owned();
+    let hpk_home_name = hpk_home.file_name().expect("name").to_string_lossy().into_owned();
+    // Two more paths: one read-write at another path, one read-only.
+    let scratch = tempfile::tempdir().expect("scratch");
+    let reference = tempfile::tempdir().expect("reference");
+    std::fs::write(reference.path().join("input"), "reference data\n").expect("write input");
+    let scratch_bind = format!("--bind={}:/scratch/hpk-test", scratch.path().display());
+    let reference_bind = format!("--bind={}:/project/ref:ro", reference.path().display());
+
+    // A --bind that cannot be bound is refused before anything is made.
+    let out = env.up_with("refused", 1, &["--bind=/nonexistent/hpk-test:/data"]);
+    assert!(!out.status.success(), "hpk up with a missing --bind source: {}", text(&out));
+    assert!(text(&out).contains("--bind /nonexistent/hpk-test:/data"), "says which: {}", text(&out));
+    assert!(!env.state.path().join("refused").exists() && !env.home.path().join("refused").exists());
+    env.clusters.lock().expect("lock").retain(|c| c != "refused");
+
+    let out = env.up_with(CLUSTER, 1, &[&scratch_bind, &reference_bind]);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    // hostPath needs a namespace that Pod Security lets have it (the README says how).
+    env.kubectl_ok(CLUSTER, &["create", "namespace", "mine"]);
+    env.kubectl_ok(CLUSTER, &["label", "namespace", "mine", "pod-security.kubernetes.io/enforce=privileged"]);
+
+    let script = format!(
+        "echo from-pod > /work/written && echo from-pod > /scratch/written && cat /ref/input && \
+         (echo x > /ref/input) 2>/dev/null && echo REF-WRITTEN || echo REF-READ-ONLY; \
+         echo HIDDEN-ENTRIES=$(ls -A /home-all/{hpk_home_name} | wc -l)"
+    );
+    env.apply(
+        CLUSTER,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: paths, namespace: mine}}\nspec:\n  restartPolicy: Never\n  \
+             containers:\n  - name: c\n    image: {shell}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    \
+             - {{name: home, mountPath: /home-all}}\n    - {{name: work, mountPath: /work}}\n    \
+             - {{name: scratch, mountPath: /scratch}}\n    - {{name: ref, mountPath: /ref}}\n  volumes:\n  \
+             - {{name: home, hostPath: {{path: {home}}}}}\n  \
+             - {{name: work, hostPath: {{path: {home}/work, type: DirectoryOrCreate}}}}\n  \
+             - {{name: scratch, hostPath: {{path: /scratch/hpk-test}}}}\n  \
+             - {{name: ref, hostPath: {{path: /project/ref}}}}\n",
+            shell = env.shell,
+            home = home.display(),
+        ),
+    );
+    eventually("the pod to finish", Duration::from_secs(120), || {
+        let phase =
+            env.kubectl_ok(CLUSTER, &["get", "pod", "-n", "mine", "paths", "-o", "jsonpath={.status.phase}"]);
+        assert_ne!(
+            phase,
+            "Failed",
+            "the pod failed:\n{}",
+            env.kubectl_ok(CLUSTER, &["logs", "-n", "mine", "paths"])
+        );
+        (phase == "Succeeded").then_some(())
+    });
+    let logs = env.kubectl_ok(CLUSTER, &["logs", "-n", "mine", "paths"]);
+    assert!(logs.contains("reference data"), "the read-only bind is readable: {logs}");
+    assert!(
+        logs.contains("REF-READ-ONLY") && !logs.contains("REF-WRITTEN"),
+        "a :ro bind was written: {logs}"
+    );
+    assert!(logs.contains("HIDDEN-ENTRIES=0"), "HPK's directory inside $HOME is covered in pods: {logs}");
+
+    // On the host: the files, the user's.
+    let me = nix::unistd::getuid().as_raw();
+    for written in [home.join("work/written"), scratch.path().join("written")] {
+        assert_eq!(std::fs::read_to_string(&written).expect("written on the host"), "from-pod\n");
+        assert_eq!(
+            std::fs::metadata(&written).expect("meta").uid(),
+            me,
+            "{} is the user's",
+            written.display()
+        );
+    }
+    assert_eq!(std::fs::read_to_string(reference.path().join("input")).expect("input"), "reference data\n");
+
+    // Outside the bound paths, and HPK's own directory inside one: refused, saying why.
+    let refused = |name: &str, path: &str| {
+        env.apply(
+            CLUSTER,
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: mine}}\nspec:\n  containers:\n  \
+                 - name: c\n    image: {}\n    command: [sleep, '3600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  \
+                 volumes:\n  - {{name: v, hostPath: {{path: {path}, type: DirectoryOrCreate}}}}\n",
+                env.shell
+            ),
+        );
+    };
+    refused("outside", "/opt/hpk-test-outside");
+    refused("hidden", &hpk_home.display().to_string());
+    eventually("the kubelet refuses both hostPaths", Duration::from_secs(90), || {
+        let said = events(&env, "mine");
+        (said.contains("/opt/hpk-test-outside") && said.contains(&hpk_home.display().to_string()))
+            .then_some(said)
+    });
+    let said = events(&env, "mine");
+    assert!(
+        said.contains("lies outside the host paths this cluster binds") && said.contains("--bind"),
+        "{said}"
+    );
+    assert!(said.contains("keeps for HPK itself"), "{said}");
+
+    // A process with every capability of the bubble, in its mount namespace (a pod that broke
+    // out): HPK's directory is covered there, the cover stays, and the read-only bind stays so.
+    let (init, _) = support::bubble_processes(CLUSTER, &format!("{CLUSTER}-1"))
+        .into_iter()
+        .find(|(_, cmdline)| cmdline.contains("bubble-init"))
+        .expect("the bubble's init");
+    let node_dir = env.state.path().join(CLUSTER).join(format!("{CLUSTER}-1"));
+    std::fs::copy("/bin/busybox", node_dir.join("busybox")).expect("copy busybox");
+    let hidden = hpk_home.display();
+    let script = format!(
+        "bb=/var/lib/hpk/busybox; \
+         $bb test -s /hpk/shared/apiserver && echo ENTERED; \
+         $bb mkdir -p /tmp/control && $bb mount -t tmpfs -o ro none /tmp/control && \
+         $bb mount -o remount,rw /tmp/control && $bb umount /tmp/control && echo CONTROL; \
+         echo ENTRIES=$($bb ls -A {hidden} | $bb wc -l); \
+         $bb umount {hidden} && echo UNMOUNTED || echo UMOUNT-REFUSED; \
+         $bb umount -l {hidden} && echo UNMOUNTED || echo UMOUNT-REFUSED; \
+         echo AFTER=$($bb ls -A {hidden} | $bb wc -l); \
+         $bb mount -o remount,bind,rw /project/ref && echo REMOUNTED || echo REMOUNT-REFUSED; \
+         ($bb echo x > /project/ref/input) 2>/dev/null && echo WROTE || echo WRITE-REFUSED"
+    );
+    let out = Command::new("nsenter")
+        .arg(format!("--user=/proc/{init}/ns/user"))
+        .arg(format!("--mount=/proc/{init}/ns/mnt"))
+        .arg(format!("--pid=/proc/{init}/ns/pid"))
+        .args(["--", "/var/lib/hpk/busybox", "sh", "-c", &script])
+        .output()
+        .expect("nsenter");
+    let seen = text(&out);
+    assert!(seen.contains("ENTERED"), "did not reach the bubble's mount namespace:\n{seen}");
+    // The control: there, a mount of the bubble's own can be remounted and unmounted.
+    assert!(seen.contains("CONTROL"), "mount and umount do not work there at all:\n{seen}");
+    assert!(seen.contains("ENTRIES=0") && seen.contains("AFTER=0"), "HPK's directory showed:\n{seen}");
+    assert_eq!(seen.matches("UMOUNT-REFUSED").count(), 2, "the cover was lifted:\n{seen}");
+    assert!(
+        seen.contains("REMOUNT-REFUSED") && seen.contains("WRITE-REFUSED"),
+        "the :ro bind was made writable:\n{seen}"
+    );
+
+    // Down: the user's files stay as they were; nothing of the views stays.
+    let out = env.down(CLUSTER);
+    assert!(out.status.success(), "hpk down: {}", text(&out));
+    assert_eq!(std::fs::read_to_string(home.join("work/written")).expect("kept"), "from-pod\n");
+    assert_eq!(std::fs::read_to_string(scratch.path().join("written")).expect("kept"), "from-pod\n");
+    assert!(reference.path().join("input").exists());
+    assert!(hpk_home.exists(), "~/.hpk is still there");
+    let left: Vec<_> = walk_names(env.state.path());
+    assert!(!left.iter().any(|n| n.ends_with(".binds")), "views left behind: {left:?}");
+}
+
+fn walk_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(entry.path().display().to_string());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk_names(&entry.path()));
+        }
+    }
+    out
+}
