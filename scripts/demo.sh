@@ -100,7 +100,8 @@ if [ "$MODE" = slurm ]; then
   stage "the bundle unpacked in ~$HPK_DEMO_USER" unpack
   submit() {
     (cd "$BUNDLE" && as_user sbatch --parsable --output="$HPK_DEMO_HOME/slurm-%j.out" --nodes=3 slurm/hpk.slurm \
-      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" "$DISK") >"$STATE/job"
+      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" \
+      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" "$DISK") >"$STATE/job"
     local job out
     job=$(cut -d';' -f1 "$STATE/job")
     echo "$job" >"$STATE/job"
@@ -123,7 +124,8 @@ else
   source "$STATE/env"
   up() {
     nsenter --net="/run/netns/$HPK_DEMO_NETNS" -- "$HPK" up --name demo --nodes 2 \
-      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" "$DISK"
+      --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" \
+      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" "$DISK"
   }
   stage "hpk up --nodes 2" up
   KUBECONFIG_PATH="${HPK_HOME:-$HOME/.hpk}/demo/kubeconfig"

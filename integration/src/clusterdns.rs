@@ -22,6 +22,17 @@ pub fn manifest(image: &str) -> Result<String> {
     Ok(hpk_cluster::addons::coredns_manifest(image)?)
 }
 
+/// The `metrics-server` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
+pub fn metrics_server_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join("metrics-server")).find(|p| p.is_file()).ok_or_else(|| {
+        Error::Missing {
+            what: "metrics-server on PATH".into(),
+            hint: "scripts/setup.sh builds it into ~/.cache/hpk/tools/bin".into(),
+        }
+    })
+}
+
 /// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
 pub fn coredns_binary() -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();

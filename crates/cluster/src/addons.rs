@@ -64,9 +64,38 @@ pub fn coredns_manifest(image: &str) -> Result<String> {
         .replace("${CLUSTER_DNS_IP}", CLUSTER_DNS_IP)
         .replace("${CLUSTER_DOMAIN}", CLUSTER_DOMAIN)
         .replace("${KUBERNETES_SERVICE_IP}", KUBERNETES_SERVICE_IP);
+    all_filled("deploy/coredns.yaml", text)
+}
+
+/// The metrics-server image a cluster runs unless told otherwise (the version
+/// `scripts/setup.sh` builds from the Go module proxy for the tests);
+/// `hpk up --metrics-server-image` names another.
+pub const DEFAULT_METRICS_SERVER_IMAGE: &str = "registry.k8s.io/metrics-server/metrics-server:v0.9.0";
+
+/// The metrics-server manifest template (RBAC, the kubelet CA, Deployment, Service, APIService
+/// `v1beta1.metrics.k8s.io`).
+pub const METRICS_SERVER_MANIFEST: &str = include_str!("../../../deploy/metrics-server.yaml");
+
+/// The metrics-server manifest for `image`, verifying kubelets with `kubelet_ca` (PEM); an
+/// error names a placeholder left unfilled or a CA that is no PEM certificate.
+pub fn metrics_server_manifest(image: &str, kubelet_ca: &str) -> Result<String> {
+    if !kubelet_ca.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::Invalid("the kubelet CA for metrics-server is no PEM certificate".into()));
+    }
+    let ca: String =
+        kubelet_ca.lines().filter(|l| !l.trim().is_empty()).map(|l| format!("    {l}\n")).collect();
+    let text = METRICS_SERVER_MANIFEST
+        .replace("${METRICS_SERVER_IMAGE}", image)
+        .replace("${KUBERNETES_SERVICE_IP}", KUBERNETES_SERVICE_IP)
+        .replace("${KUBELET_CA}\n", &ca);
+    all_filled("deploy/metrics-server.yaml", text)
+}
+
+/// `text`, unless a `${…}` placeholder of template `name` is left in it.
+fn all_filled(name: &str, text: String) -> Result<String> {
     match text.find("${") {
         Some(at) => Err(Error::Invalid(format!(
-            "deploy/coredns.yaml has a placeholder without a value: {}}}",
+            "{name} has a placeholder without a value: {}}}",
             text[at..].split('}').next().unwrap_or("${")
         ))),
         None => Ok(text),
@@ -83,6 +112,24 @@ mod tests {
         assert!(text.contains("image: registry:5000/hpk/coredns:x"), "{text}");
         assert!(text.contains(CLUSTER_DNS_IP) && text.contains(CLUSTER_DOMAIN), "{text}");
         assert!(!text.contains("${"), "{text}");
+    }
+
+    #[test]
+    fn metrics_server_gets_its_image_and_the_kubelet_ca_as_yaml() {
+        let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let text = metrics_server_manifest("registry:5000/hpk/metrics-server:x", ca).expect("manifest");
+        assert!(text.contains("image: registry:5000/hpk/metrics-server:x"), "{text}");
+        assert!(!text.contains("${"), "{text}");
+        // The CA as the ConfigMap's block scalar: every line indented under `ca.crt: |`.
+        assert!(
+            text.contains(
+                "  ca.crt: |\n    -----BEGIN CERTIFICATE-----\n    MIIB\n    -----END CERTIFICATE-----\n---\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("kind: APIService"), "{text}");
+        let err = metrics_server_manifest("i", "not a certificate").expect_err("no PEM").to_string();
+        assert!(err.contains("no PEM certificate"), "{err}");
     }
 
     #[test]

@@ -184,31 +184,43 @@ pub struct TestImages {
     pub owners: String,
     /// `hpk/coredns:v1`: the static `coredns` binary `scripts/setup.sh` builds, when asked for.
     pub coredns: Option<String>,
+    /// `hpk/metrics-server:v1`: the static `metrics-server` binary `scripts/setup.sh` builds,
+    /// with CoreDNS's.
+    pub metrics_server: Option<String>,
 }
 
 impl TestImages {
-    /// Builds and pushes the shell, httpd and owners images, and CoreDNS's with `coredns`.
-    pub async fn push(registry: &Registry, coredns: bool) -> crate::Result<Self> {
+    /// Builds and pushes the shell, httpd and owners images, and with `addons` CoreDNS's and
+    /// metrics-server's (the add-ons `hpk up` deploys).
+    pub async fn push(registry: &Registry, addons: bool) -> crate::Result<Self> {
         let client = Client::new(&registry.url()).map_err(Box::new)?;
         let r = registry.host_port();
         client.push("hpk/shell", "v1", &image::shell_image()?).await.map_err(Box::new)?;
         client.push("hpk/httpd", "v1", &image::httpd_image()?).await.map_err(Box::new)?;
         client.push("hpk/owners", "v1", &image::owners_image()?).await.map_err(Box::new)?;
-        let coredns = if coredns {
-            let binary = crate::clusterdns::coredns_binary()?;
-            client
-                .push("hpk/coredns", "v1", &image::static_binary_image_from(&binary)?)
-                .await
-                .map_err(Box::new)?;
-            Some(format!("{r}/hpk/coredns:v1"))
+        let (coredns, metrics_server) = if addons {
+            let mut pushed = Vec::new();
+            for (name, binary) in [
+                ("coredns", crate::clusterdns::coredns_binary()?),
+                ("metrics-server", crate::clusterdns::metrics_server_binary()?),
+            ] {
+                let repository = format!("hpk/{name}");
+                client
+                    .push(&repository, "v1", &image::static_binary_image_from(&binary)?)
+                    .await
+                    .map_err(Box::new)?;
+                pushed.push(Some(format!("{r}/{repository}:v1")));
+            }
+            (pushed[0].take(), pushed[1].take())
         } else {
-            None
+            (None, None)
         };
         Ok(Self {
             shell: format!("{r}/hpk/shell:v1"),
             httpd: format!("{r}/hpk/httpd:v1"),
             owners: format!("{r}/hpk/owners:v1"),
             coredns,
+            metrics_server,
         })
     }
 }

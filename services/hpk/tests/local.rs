@@ -24,6 +24,50 @@ fn pods_on_nodes(env: &Env, cluster: &str, selector: &str) -> Vec<(String, Strin
         .collect()
 }
 
+/// `kubectl top` through the metrics-server `hpk up` deployed: both nodes and the ticker pods
+/// with figures, within 90 s of `hpk up` returning.
+fn kubectl_top_shows_both_nodes(env: &Env, up_at: std::time::Instant) {
+    let figures = |args: &[&str]| -> Option<Vec<(String, String, String)>> {
+        let out = env.kubectl("demo", args);
+        out.status.success().then(|| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split_whitespace();
+                    Some((w.next()?.to_owned(), w.next()?.to_owned(), w.next()?.to_owned()))
+                })
+                .collect()
+        })
+    };
+    // NAME CPU(cores) CPU% MEMORY(bytes) … and NAME CPU(cores) MEMORY(bytes)
+    let millicores = |cpu: &str| cpu.strip_suffix('m').and_then(|m| m.parse::<u64>().ok());
+    let nodes = eventually_or(
+        "kubectl top nodes: both nodes",
+        Duration::from_secs(90).saturating_sub(up_at.elapsed()),
+        || figures(&["top", "nodes", "--no-headers"]).filter(|rows| rows.len() == 2),
+        || {
+            env.diagnose("demo")
+                + &env.kubectl_ok("demo", &["get", "apiservice", "v1beta1.metrics.k8s.io", "-o", "yaml"])
+        },
+    );
+    eprintln!(
+        "kubectl top nodes answered {:.1} s after hpk up returned: {nodes:?}",
+        up_at.elapsed().as_secs_f64()
+    );
+    for (node, cpu, _) in &nodes {
+        assert!(node.starts_with("demo-") && millicores(cpu).is_some_and(|m| m > 0), "{nodes:?}");
+    }
+    let pods = eventually("kubectl top pods: the tickers", Duration::from_secs(60), || {
+        figures(&["top", "pods", "-l", "app=ticker", "--no-headers"]).filter(|rows| rows.len() == 2)
+    });
+    for (pod, cpu, memory) in &pods {
+        assert!(
+            pod.starts_with("ticker-") && millicores(cpu).is_some() && memory.ends_with("Mi"),
+            "{pods:?}"
+        );
+    }
+}
+
 /// Every bubble's slirp4netns (the image's, which parses all pod egress) runs confined: a
 /// seccomp filter, and a mount namespace of its own apart from its launcher's (review L14).
 fn slirp4netns_is_sandboxed(env: &Env) {
@@ -53,6 +97,7 @@ async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     let Some(image) = prerequisites() else { return };
     let env = Env::start(image).await;
     let up = env.up("demo", 2);
+    let up_at = std::time::Instant::now();
     let output = text(&up);
     assert!(up.status.success(), "hpk up failed:\n{output}");
     assert!(output.contains(&format!("export KUBECONFIG={}", env.kubeconfig("demo").display())), "{output}");
@@ -107,6 +152,7 @@ spec:
     let ticker = running("app=ticker", 2);
     let web_nodes: std::collections::BTreeSet<&str> = web.iter().map(|p| p.1.as_str()).collect();
     assert_eq!(web_nodes.len(), 2, "the Deployment spreads over both nodes: {web:?}");
+    kubectl_top_shows_both_nodes(&env, up_at);
 
     for (pod, node, _, _) in &ticker {
         // logs -f streams new lines as they are written.

@@ -472,7 +472,25 @@ spec:
     let _ = pf.kill();
     let _ = pf.wait();
     assert!(reply.contains("200") && reply.trim_end().ends_with(pf_pod.as_str()), "port-forward: {reply}");
-    eprintln!("kubectl top: not tested (the bubbles do not run metrics-server)");
+    // kubectl top, through the metrics-server the job deployed: every node of the allocation.
+    let top = eventually_or(
+        "kubectl top nodes: the 3 nodes",
+        Duration::from_secs(120),
+        || {
+            let out = env.kubectl(id, &["top", "nodes", "--no-headers"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            (out.status.success() && text.lines().count() == 3).then_some(text)
+        },
+        || env.diagnose(id),
+    );
+    for line in top.lines() {
+        let cpu = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.strip_suffix('m'))
+            .and_then(|m| m.parse::<u64>().ok());
+        assert!(line.starts_with("node") && cpu.is_some(), "kubectl top nodes: {top}");
+    }
 
     // A Job with parallelism 3.
     env.apply(

@@ -664,17 +664,12 @@ async fn stats_summary_and_resource_metrics_show_known_load() {
     kubectl_top(&c).await;
 }
 
-/// The metrics-server binary scripts/setup.sh builds.
-fn metrics_server_binary() -> Option<std::path::PathBuf> {
-    let dirs = std::env::var_os("PATH")?;
-    std::env::split_paths(&dirs).map(|d| d.join("metrics-server")).find(|p| p.is_file())
-}
-
 /// Runs metrics-server as a pod (image built here from its static binary, pushed to the test
 /// registry) behind the aggregation layer, then checks `kubectl top pod` and `kubectl top node`.
 async fn kubectl_top(c: &Cluster) {
-    let Some(binary) = metrics_server_binary() else {
-        hpk_integration::skip("kubectl top: no metrics-server in PATH (scripts/setup.sh builds it)");
+    let Some(binary) =
+        hpk_integration::skip_unless_available(hpk_integration::clusterdns::metrics_server_binary())
+    else {
         return;
     };
     // The test network has no route back to pods from the control-plane host; metrics-server

@@ -126,6 +126,9 @@ pub struct NodeOptions {
     /// The CoreDNS image the controller deploys for cluster DNS.
     #[arg(long, default_value = crate::addons::DEFAULT_COREDNS_IMAGE)]
     pub coredns_image: String,
+    /// The metrics-server image the controller deploys for `kubectl top` and autoscaling.
+    #[arg(long, default_value = crate::addons::DEFAULT_METRICS_SERVER_IMAGE)]
+    pub metrics_server_image: String,
     /// Role runtime: the pods' address range (a cluster's nodes take theirs from the API).
     #[arg(long, default_value = "10.244.0.0/24")]
     pub pod_cidr: String,
@@ -151,6 +154,7 @@ impl NodeOptions {
         let mut args: Vec<String> = self.kubelet_args.iter().map(|a| format!("--kubelet-arg={a}")).collect();
         args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
         args.push(format!("--coredns-image={}", self.coredns_image));
+        args.push(format!("--metrics-server-image={}", self.metrics_server_image));
         args.push(format!("--pod-cidr={}", self.pod_cidr));
         args.extend(self.client_names.iter().map(|n| format!("--client-name={n}")));
         if let Some(lifetime) = self.lifetime {

@@ -173,13 +173,22 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     write_file(&publish.join(crate::bubble::publish::READY), b"", 0o644)?;
     let public_api = format!("https://{}:{api_port}", args.address);
     tracing::info!(api = %public_api, "control plane ready");
-    apply_coredns(args, &admin_local).await
+    // Cluster DNS, and resource metrics (kubectl top, HorizontalPodAutoscalers), as K3s
+    // ships them: Deployments on the cluster's own nodes.
+    let manifest = crate::addons::coredns_manifest(&args.options.coredns_image)?;
+    apply_addon("CoreDNS", &manifest, &admin_local).await?;
+    tracing::info!(image = %args.options.coredns_image, "cluster DNS applied");
+    let kubelet_pem = std::fs::read_to_string(&kubelet_ca.cert)
+        .map_err(|e| Error::io("read", kubelet_ca.cert.display(), e))?;
+    let manifest = crate::addons::metrics_server_manifest(&args.options.metrics_server_image, &kubelet_pem)?;
+    apply_addon("metrics-server", &manifest, &admin_local).await?;
+    tracing::info!(image = %args.options.metrics_server_image, "metrics-server applied");
+    Ok(())
 }
 
-/// Cluster DNS: CoreDNS as a Deployment on the cluster's own nodes (`deploy/coredns.yaml`).
-async fn apply_coredns(args: &InitArgs, kubeconfig: &Path) -> Result<()> {
+/// `kubectl apply` of add-on `what`'s `manifest` (`deploy/`).
+async fn apply_addon(what: &str, manifest: &str, kubeconfig: &Path) -> Result<()> {
     use tokio::io::AsyncWriteExt;
-    let manifest = crate::addons::coredns_manifest(&args.options.coredns_image)?;
     let mut child = tokio::process::Command::new("/usr/local/bin/kubectl")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(["apply", "-f", "-"])
@@ -187,21 +196,21 @@ async fn apply_coredns(args: &InitArgs, kubeconfig: &Path) -> Result<()> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| Error::io("run", "kubectl apply (CoreDNS)", e))?;
+        .map_err(|e| Error::io("run", format!("kubectl apply ({what})"), e))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(manifest.as_bytes())
             .await
-            .map_err(|e| Error::io("write", "the CoreDNS manifest", e))?;
+            .map_err(|e| Error::io("write", format!("the {what} manifest"), e))?;
     }
-    let out = child.wait_with_output().await.map_err(|e| Error::io("run", "kubectl apply (CoreDNS)", e))?;
+    let out =
+        child.wait_with_output().await.map_err(|e| Error::io("run", format!("kubectl apply ({what})"), e))?;
     if !out.status.success() {
         return Err(Error::Failed {
-            what: "applying CoreDNS".into(),
+            what: format!("applying {what}"),
             detail: String::from_utf8_lossy(&out.stderr).into(),
         });
     }
-    tracing::info!(image = %args.options.coredns_image, "cluster DNS applied");
     Ok(())
 }
 

@@ -33,6 +33,7 @@ pub fn prerequisites() -> Option<PathBuf> {
         return None;
     }
     hpk_integration::skip_unless_available(hpk_integration::clusterdns::coredns_binary())?;
+    hpk_integration::skip_unless_available(hpk_integration::clusterdns::metrics_server_binary())?;
     image()
 }
 
@@ -40,6 +41,8 @@ pub struct Env {
     pub clusters: std::sync::Mutex<Vec<String>>,
     /// CoreDNS, built from the static binary scripts/setup.sh makes, in the registry.
     pub coredns: String,
+    /// metrics-server, built from the static binary scripts/setup.sh makes, in the registry.
+    pub metrics_server: String,
     pub registry: Registry,
     pub shell: String,
     pub httpd: String,
@@ -61,10 +64,12 @@ impl Env {
         let registry = Registry::start(IpAddr::V4(host.ip), Some(&host.netns)).await.expect("registry");
         let images = TestImages::push(&registry, true).await.expect("test images");
         let (shell, httpd, coredns) = (images.shell, images.httpd, images.coredns.expect("coredns"));
+        let metrics_server = images.metrics_server.expect("metrics-server");
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
         Self {
             clusters: std::sync::Mutex::new(Vec::new()),
             coredns,
+            metrics_server,
             registry,
             shell,
             httpd,
@@ -130,6 +135,7 @@ impl Env {
         self.clusters.lock().expect("lock").push(name.to_owned());
         let registry = format!("--insecure-registry={}", self.registry.host_port());
         let coredns = format!("--coredns-image={}", self.coredns);
+        let metrics_server = format!("--metrics-server-image={}", self.metrics_server);
         let n = nodes.to_string();
         self.hpk(&[
             "up",
@@ -139,6 +145,7 @@ impl Env {
             &n,
             &registry,
             &coredns,
+            &metrics_server,
             "--kubelet-arg=--disk-pressure-percent=1",
         ])
     }

@@ -32,6 +32,7 @@ pub struct SlurmEnv {
     pub shell: String,
     pub owners: String,
     pub coredns: String,
+    pub metrics_server: String,
     pub registry: Registry,
     pub image: PathBuf,
     /// The unpacked release bundle, in the user's home: jobs are submitted from there.
@@ -76,6 +77,7 @@ impl SlurmEnv {
             shell: images.shell,
             owners: images.owners,
             coredns: images.coredns.expect("coredns"),
+            metrics_server: images.metrics_server.expect("metrics-server"),
             registry,
             image: super::image().expect("image"),
             bundle,
@@ -123,6 +125,7 @@ impl SlurmEnv {
     fn job_flags(&self, cmd: &mut Command, hpk_args: &[&str]) {
         cmd.arg(format!("--insecure-registry={}", self.registry.host_port()))
             .arg(format!("--coredns-image={}", self.coredns))
+            .arg(format!("--metrics-server-image={}", self.metrics_server))
             .arg("--kubelet-arg=--disk-pressure-percent=1")
             .args(hpk_args)
             .env("RUST_LOG", "info");
