@@ -24,23 +24,20 @@ pub fn manifest(image: &str) -> Result<String> {
 
 /// The `metrics-server` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
 pub fn metrics_server_binary() -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join("metrics-server")).find(|p| p.is_file()).ok_or_else(|| {
-        Error::Missing {
-            what: "metrics-server on PATH".into(),
-            hint: "scripts/setup.sh builds it into ~/.cache/hpk/tools/bin".into(),
-        }
-    })
+    setup_tool("metrics-server")
 }
 
 /// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
 pub fn coredns_binary() -> Result<PathBuf> {
+    setup_tool("coredns")
+}
+
+/// Program `name` on PATH, or [`Error::Missing`] saying that `scripts/setup.sh` builds it.
+fn setup_tool(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|d| d.join("coredns")).find(|p| p.is_file()).ok_or_else(|| {
-        Error::Missing {
-            what: "coredns on PATH".into(),
-            hint: "scripts/setup.sh builds it into ~/.cache/hpk/tools/bin".into(),
-        }
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()).ok_or_else(|| Error::Missing {
+        what: format!("{name} on PATH"),
+        hint: "scripts/setup.sh builds it into ~/.cache/hpk/tools/bin".into(),
     })
 }
 

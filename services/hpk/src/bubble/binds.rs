@@ -237,17 +237,7 @@ fn stage_one(bind: &Bind, hidden: &[PathBuf], at: &Path) -> Result<()> {
                 .map_err(|e| undo(Error::io("remount read-only", mount_point.display(), e)))?;
         }
     }
-    let locked = super::locked_clone(at, true)
-        .map_err(|e| undo(Error::io("lock the view of", bind.source.display(), e)))?;
-    umount2(at, MntFlags::MNT_DETACH).map_err(|e| Error::io("unmount", at.display(), e.into()))?;
-    rustix::mount::move_mount(
-        &locked,
-        "",
-        rustix::fs::CWD,
-        at,
-        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-    )
-    .map_err(|e| Error::io("attach the locked view at", at.display(), e.into()))
+    super::lock_in_place(at, true, &format!("the view of {}", bind.source.display()))
 }
 
 /// The mount points at or below `at` in this mount namespace, parents first.
@@ -256,31 +246,12 @@ fn mounts_under(at: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut points: Vec<PathBuf> = text
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_mountinfo(field)))
+        .map(|field| PathBuf::from(crate::preflight::statefs::unescape(field)))
         .filter(|point| point.starts_with(at))
         .collect();
     points.sort_by_key(|p| p.components().count());
     points.dedup();
     Ok(points)
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && let Some(code) = field.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Unmounts and removes every view under `root`, then `root`. Only empty directories and
@@ -405,13 +376,6 @@ mod tests {
         ];
         let err = resolve(&twice, None, None, &hidden).expect_err("twice").to_string();
         assert!(err.contains("bound twice"), "{err}");
-    }
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mountinfo("/home/a\\040b/c\\011d"), "/home/a b/c\td");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo("/odd\\09"), "/odd\\09");
     }
 
     #[test]

@@ -307,8 +307,17 @@ fn bind_shared_read_only(shared: &Path, at: &Path) -> Result<()> {
         Error::io(what, at.display(), e)
     };
     remount_read_only(at).map_err(|e| undo("remount read-only", e))?;
-    let locked =
-        locked_clone(at, false).map_err(|e| undo("lock the read-only view of the shared directory", e))?;
+    lock_in_place(at, false, "the read-only view of the shared directory")
+}
+
+/// Replaces the mount at `at` by its [`locked_clone`] (with the mounts below it if
+/// `recursive`); `what` names it in errors. On failure before the swap, `at` is unmounted.
+fn lock_in_place(at: &Path, recursive: bool, what: &str) -> Result<()> {
+    use nix::mount::{MntFlags, umount2};
+    let locked = locked_clone(at, recursive).map_err(|e| {
+        let _ = umount2(at, MntFlags::MNT_DETACH);
+        Error::io("lock", what, e)
+    })?;
     umount2(at, MntFlags::MNT_DETACH).map_err(|e| Error::io("unmount", at.display(), e.into()))?;
     rustix::mount::move_mount(
         &locked,
@@ -317,7 +326,7 @@ fn bind_shared_read_only(shared: &Path, at: &Path) -> Result<()> {
         at,
         rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
-    .map_err(|e| Error::io("attach the locked view of the shared directory at", at.display(), e.into()))
+    .map_err(|e| Error::io("attach the locked view at", at.display(), e.into()))
 }
 
 /// Remounts the bind mount at `at` read-only, keeping the flags the kernel locked on the

@@ -248,7 +248,7 @@ fn mount_fstype(path: &Path) -> Option<String> {
 }
 
 /// mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
+pub(crate) fn unescape(field: &str) -> String {
     let mut out = Vec::new();
     let bytes = field.as_bytes();
     let mut i = 0;
@@ -486,5 +486,7 @@ mod tests {
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
         assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/home/a\\040b/c\\011d"), "/home/a b/c\td");
+        assert_eq!(unescape("/odd\\09"), "/odd\\09", "not three octal digits: kept");
     }
 }
