@@ -179,6 +179,7 @@ fn read(path: &Path) -> Result<String> {
         .map(|s| s.trim().to_owned())
         .map_err(|e| Error::io("read", path.display(), e))
 }
+
 /// The kubelet's hostPath policy: pods may mount the node's local volume directory and what
 /// the bubble binds from the host (at its destination), never HPK's own directories, in the
 /// bubble or on the host.
