@@ -101,7 +101,8 @@ if [ "$MODE" = slurm ]; then
   submit() {
     (cd "$BUNDLE" && as_user sbatch --parsable --output="$HPK_DEMO_HOME/slurm-%j.out" --nodes=3 slurm/hpk.slurm \
       --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" \
-      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" "$DISK") >"$STATE/job"
+      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" --local-path-provisioner-image="$HPK_DEMO_LOCAL_PATH" \
+      --local-path-helper-image="$HPK_DEMO_SHELL" "$DISK") >"$STATE/job"
     local job out
     job=$(cut -d';' -f1 "$STATE/job")
     echo "$job" >"$STATE/job"
@@ -125,7 +126,8 @@ else
   up() {
     nsenter --net="/run/netns/$HPK_DEMO_NETNS" -- "$HPK" up --name demo --nodes 2 \
       --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" \
-      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" "$DISK"
+      --metrics-server-image="$HPK_DEMO_METRICS_SERVER" --local-path-provisioner-image="$HPK_DEMO_LOCAL_PATH" \
+      --local-path-helper-image="$HPK_DEMO_SHELL" "$DISK"
   }
   stage "hpk up --nodes 2" up
   KUBECONFIG_PATH="${HPK_HOME:-$HOME/.hpk}/demo/kubeconfig"

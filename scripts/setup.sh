@@ -82,6 +82,9 @@ setup_tools() {
   # Cluster DNS (deploy/coredns.yaml), run as a pod from a Docker-free image of this static
   # binary in the Services tests.
   CGO_ENABLED=0 go_tool coredns github.com/coredns/coredns@v1.14.7
+  # Storage (deploy/local-path-provisioner.yaml, StorageClass local-path), run as a pod from a
+  # Docker-free image of this static binary; v0.0.30 is the newest the module proxy serves.
+  CGO_ENABLED=0 go_tool local-path-provisioner github.com/rancher/local-path-provisioner@v0.0.30
   setup_critest
 }
 

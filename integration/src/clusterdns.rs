@@ -27,6 +27,12 @@ pub fn metrics_server_binary() -> Result<PathBuf> {
     setup_tool("metrics-server")
 }
 
+/// The `local-path-provisioner` binary on PATH (`scripts/setup.sh` builds it into the tools
+/// cache).
+pub fn local_path_provisioner_binary() -> Result<PathBuf> {
+    setup_tool("local-path-provisioner")
+}
+
 /// The `coredns` binary on PATH (`scripts/setup.sh` builds it into the tools cache).
 pub fn coredns_binary() -> Result<PathBuf> {
     setup_tool("coredns")

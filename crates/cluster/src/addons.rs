@@ -1,6 +1,7 @@
 //! What every HPK cluster runs besides our services, shared by the bubbles and the test
 //! harness so that the two cannot drift apart: the cluster's address ranges, upstream
-//! kube-proxy's flags (nftables mode), and the CoreDNS manifest (`deploy/coredns.yaml`).
+//! kube-proxy's flags (nftables mode), and the add-ons' manifests (`deploy/`): CoreDNS,
+//! metrics-server, and the local-path provisioner with the cluster's StorageClasses.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -91,6 +92,85 @@ pub fn metrics_server_manifest(image: &str, kubelet_ca: &str) -> Result<String> 
     all_filled("deploy/metrics-server.yaml", text)
 }
 
+/// The local-path provisioner image a cluster runs unless told otherwise (the version
+/// `scripts/setup.sh` builds from the Go module proxy for the tests, as K3s ships it);
+/// `hpk up --local-path-provisioner-image` names another.
+pub const DEFAULT_LOCAL_PATH_PROVISIONER_IMAGE: &str = "docker.io/rancher/local-path-provisioner:v0.0.30";
+
+/// The image of the provisioner's helper pods, which make and remove each volume's directory
+/// (`/bin/sh`, `mkdir`, `rm`); `hpk up --local-path-helper-image` names another.
+pub const DEFAULT_LOCAL_PATH_HELPER_IMAGE: &str = "docker.io/library/busybox:1.37";
+
+/// The default StorageClass: node-local volumes.
+pub const LOCAL_STORAGE_CLASS: &str = "local-path";
+/// The StorageClass of shared volumes (ReadWriteMany; removed with their claim).
+pub const SHARED_STORAGE_CLASS: &str = "hpk-shared";
+/// The StorageClass of shared volumes kept when their claim goes (reclaim policy Retain), at
+/// a path named after the claim, `retained/<namespace>/<claim>`, which a later cluster's claim
+/// of the same name finds again.
+pub const SHARED_RETAIN_STORAGE_CLASS: &str = "hpk-shared-retain";
+
+/// The local-path provisioner's manifest template (RBAC, its configuration, Deployment, the
+/// default StorageClass).
+pub const LOCAL_PATH_MANIFEST: &str = include_str!("../../../deploy/local-path-provisioner.yaml");
+
+/// What the local-path provisioner is deployed with.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalPath<'a> {
+    /// The provisioner's image.
+    pub image: &'a str,
+    /// Its helper pods' image.
+    pub helper_image: &'a str,
+    /// Where node-local volumes are made, as every node (and so every pod) sees it.
+    pub node_dir: &'a str,
+    /// The directory shared volumes are made in, at the same path on every node; without it
+    /// there are no shared StorageClasses.
+    pub shared_dir: Option<&'a str>,
+}
+
+/// The local-path provisioner's manifest: [`LOCAL_STORAGE_CLASS`] (the default) always,
+/// [`SHARED_STORAGE_CLASS`] and [`SHARED_RETAIN_STORAGE_CLASS`] with a shared directory.
+/// An error names a placeholder left unfilled or a directory that is not an absolute path.
+pub fn local_path_manifest(options: &LocalPath<'_>) -> Result<String> {
+    for dir in std::iter::once(options.node_dir).chain(options.shared_dir) {
+        if !dir.starts_with('/') || dir.contains('\n') {
+            return Err(Error::Invalid(format!("a volume directory must be an absolute path: {dir:?}")));
+        }
+    }
+    let node_paths = serde_json::json!({"nodePathMap": [
+        {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [options.node_dir]}
+    ]});
+    let mut classes = serde_json::Map::new();
+    classes.insert(LOCAL_STORAGE_CLASS.into(), node_paths);
+    let mut shared_classes = String::new();
+    if let Some(dir) = options.shared_dir {
+        for (class, policy, pattern) in [
+            (SHARED_STORAGE_CLASS, "Delete", None),
+            (SHARED_RETAIN_STORAGE_CLASS, "Retain", Some("retained/{{ .PVC.Namespace }}/{{ .PVC.Name }}")),
+        ] {
+            classes.insert(class.into(), serde_json::json!({"sharedFileSystemPath": dir}));
+            shared_classes.push_str(&format!(
+                "---\napiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: {class}\n\
+                 provisioner: rancher.io/local-path\nvolumeBindingMode: Immediate\nreclaimPolicy: {policy}\n"
+            ));
+            if let Some(pattern) = pattern {
+                shared_classes.push_str(&format!("parameters:\n  pathPattern: {pattern:?}\n"));
+            }
+        }
+    }
+    let config = serde_json::json!({"storageClassConfigs": classes});
+    let config = serde_json::to_string_pretty(&config)
+        .map_err(|e| Error::Invalid(format!("the local-path configuration: {e}")))?;
+    let config: String = config.lines().map(|l| format!("    {l}\n")).collect();
+    let text = LOCAL_PATH_MANIFEST
+        .replace("${LOCAL_PATH_PROVISIONER_IMAGE}", options.image)
+        .replace("${LOCAL_PATH_HELPER_IMAGE}", options.helper_image)
+        .replace("${KUBERNETES_SERVICE_IP}", KUBERNETES_SERVICE_IP)
+        .replace("${LOCAL_PATH_NODE_DIR}", options.node_dir)
+        .replace("    ${LOCAL_PATH_CONFIG}\n", &config);
+    all_filled("deploy/local-path-provisioner.yaml", text + &shared_classes)
+}
+
 /// `text`, unless a `${…}` placeholder of template `name` is left in it.
 fn all_filled(name: &str, text: String) -> Result<String> {
     match text.find("${") {
@@ -130,6 +210,46 @@ mod tests {
         assert!(text.contains("kind: APIService"), "{text}");
         let err = metrics_server_manifest("i", "not a certificate").expect_err("no PEM").to_string();
         assert!(err.contains("no PEM certificate"), "{err}");
+    }
+
+    #[test]
+    fn local_path_has_the_default_class_and_the_shared_ones_only_with_a_shared_directory() {
+        let options = LocalPath {
+            image: "registry:5000/hpk/local-path-provisioner:x",
+            helper_image: "registry:5000/hpk/shell:v1",
+            node_dir: "/var/local/hpk/local-path",
+            shared_dir: None,
+        };
+        let text = local_path_manifest(&options).expect("manifest");
+        assert!(text.contains("image: registry:5000/hpk/local-path-provisioner:x"), "{text}");
+        assert!(text.contains("image: registry:5000/hpk/shell:v1"), "the helper pod's image: {text}");
+        assert!(!text.contains("${"), "{text}");
+        assert!(text.contains("storageclass.kubernetes.io/is-default-class: \"true\""), "{text}");
+        // The configuration as the ConfigMap's block scalar, the node's path in it.
+        assert!(text.contains("  config.json: |\n    {\n      \"storageClassConfigs\": {\n"), "{text}");
+        assert!(text.contains("\"/var/local/hpk/local-path\""), "{text}");
+        assert!(!text.contains(SHARED_STORAGE_CLASS) && !text.contains("sharedFileSystemPath"), "{text}");
+
+        let shared = LocalPath { shared_dir: Some("/scratch/me/\"vols\""), ..options };
+        let text = local_path_manifest(&shared).expect("manifest");
+        assert_eq!(
+            text.matches("\"sharedFileSystemPath\": \"/scratch/me/\\\"vols\\\"\"").count(),
+            2,
+            "{text}"
+        );
+        assert!(
+            text.contains("  name: hpk-shared\nprovisioner: rancher.io/local-path\nvolumeBindingMode: Immediate\nreclaimPolicy: Delete\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  name: hpk-shared-retain\nprovisioner: rancher.io/local-path\nvolumeBindingMode: Immediate\nreclaimPolicy: Retain\nparameters:\n  pathPattern: \"retained/{{ .PVC.Namespace }}/{{ .PVC.Name }}\"\n"),
+            "{text}"
+        );
+        assert_eq!(text.matches("kind: StorageClass").count(), 3, "{text}");
+
+        let relative = LocalPath { shared_dir: Some("scratch"), ..options };
+        let err = local_path_manifest(&relative).expect_err("relative").to_string();
+        assert!(err.contains("absolute path"), "{err}");
     }
 
     #[test]

@@ -231,15 +231,18 @@ async fn registry_host(env_file: PathBuf) -> anyhow::Result<()> {
     let images = TestImages::push(&registry, true).await?;
     let coredns = images.coredns.unwrap_or_default();
     let metrics_server = images.metrics_server.unwrap_or_default();
+    let local_path = images.local_path_provisioner.unwrap_or_default();
     let r = registry.host_port();
     let vars = format!(
         "HPK_DEMO_NETNS={}\nHPK_DEMO_ADDRESS={}\nHPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={}\n\
-         HPK_DEMO_HTTPD={}\nHPK_DEMO_COREDNS={coredns}\nHPK_DEMO_METRICS_SERVER={metrics_server}\n",
+         HPK_DEMO_HTTPD={}\nHPK_DEMO_COREDNS={coredns}\nHPK_DEMO_METRICS_SERVER={metrics_server}\n\
+         HPK_DEMO_LOCAL_PATH={local_path}\n",
         host.netns, host.ip, images.shell, images.httpd
     );
     std::fs::write(&env_file, vars).with_context(|| format!("write {}", env_file.display()))?;
     println!(
-        "demo host {} ({}), registry {r} with hpk/shell:v1, hpk/httpd:v1, hpk/coredns:v1, hpk/metrics-server:v1",
+        "demo host {} ({}), registry {r} with hpk/shell:v1, hpk/httpd:v1, hpk/coredns:v1, hpk/metrics-server:v1, \
+         hpk/local-path-provisioner:v1",
         host.netns, host.ip
     );
     shutdown.cancelled().await;
@@ -260,12 +263,13 @@ async fn slurm_cluster(nodes: usize, env_file: PathBuf) -> anyhow::Result<()> {
     let images = TestImages::push(&registry, true).await?;
     let coredns = images.coredns.unwrap_or_default();
     let metrics_server = images.metrics_server.unwrap_or_default();
+    let local_path = images.local_path_provisioner.unwrap_or_default();
     let r = registry.host_port();
     let user = slurm.user();
     let vars = format!(
         "HPK_DEMO_SLURM_CONF={}\nHPK_DEMO_USER={}\nHPK_DEMO_HOME={}\nHPK_DEMO_LOGIN={}\n\
          HPK_DEMO_REGISTRY={r}\nHPK_DEMO_SHELL={}\nHPK_DEMO_HTTPD={}\nHPK_DEMO_COREDNS={coredns}\n\
-         HPK_DEMO_METRICS_SERVER={metrics_server}\n",
+         HPK_DEMO_METRICS_SERVER={metrics_server}\nHPK_DEMO_LOCAL_PATH={local_path}\n",
         slurm.conf().display(),
         user.name,
         user.home.display(),

@@ -187,22 +187,26 @@ pub struct TestImages {
     /// `hpk/metrics-server:v1`: the static `metrics-server` binary `scripts/setup.sh` builds,
     /// with CoreDNS's.
     pub metrics_server: Option<String>,
+    /// `hpk/local-path-provisioner:v1`: the static `local-path-provisioner` binary
+    /// `scripts/setup.sh` builds, with CoreDNS's (its helper pods run [`TestImages::shell`]).
+    pub local_path_provisioner: Option<String>,
 }
 
 impl TestImages {
-    /// Builds and pushes the shell, httpd and owners images, and with `addons` CoreDNS's and
-    /// metrics-server's (the add-ons `hpk up` deploys).
+    /// Builds and pushes the shell, httpd and owners images, and with `addons` CoreDNS's,
+    /// metrics-server's and the local-path provisioner's (the add-ons `hpk up` deploys).
     pub async fn push(registry: &Registry, addons: bool) -> crate::Result<Self> {
         let client = Client::new(&registry.url()).map_err(Box::new)?;
         let r = registry.host_port();
         client.push("hpk/shell", "v1", &image::shell_image()?).await.map_err(Box::new)?;
         client.push("hpk/httpd", "v1", &image::httpd_image()?).await.map_err(Box::new)?;
         client.push("hpk/owners", "v1", &image::owners_image()?).await.map_err(Box::new)?;
-        let (coredns, metrics_server) = if addons {
+        let (coredns, metrics_server, local_path_provisioner) = if addons {
             let mut pushed = Vec::new();
             for (name, binary) in [
                 ("coredns", crate::clusterdns::coredns_binary()?),
                 ("metrics-server", crate::clusterdns::metrics_server_binary()?),
+                ("local-path-provisioner", crate::clusterdns::local_path_provisioner_binary()?),
             ] {
                 let repository = format!("hpk/{name}");
                 client
@@ -211,9 +215,9 @@ impl TestImages {
                     .map_err(Box::new)?;
                 pushed.push(Some(format!("{r}/{repository}:v1")));
             }
-            (pushed[0].take(), pushed[1].take())
+            (pushed[0].take(), pushed[1].take(), pushed[2].take())
         } else {
-            (None, None)
+            (None, None, None)
         };
         Ok(Self {
             shell: format!("{r}/hpk/shell:v1"),
@@ -221,6 +225,7 @@ impl TestImages {
             owners: format!("{r}/hpk/owners:v1"),
             coredns,
             metrics_server,
+            local_path_provisioner,
         })
     }
 }

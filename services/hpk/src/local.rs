@@ -82,7 +82,7 @@ pub async fn up(args: &UpArgs) -> Result<()> {
     }
     step("checking prerequisites");
     // A --bind that cannot be bound fails here, before anything is made.
-    let (_, warnings) = bubble::binds::resolve_here(&args.options.binds)?;
+    let (_, warnings) = bubble::binds::resolve_here(&args.options.explicit_binds(true)?)?;
     for warning in &warnings {
         eprintln!("hpk: warning: {warning}");
     }

@@ -243,7 +243,7 @@ pub async fn job(args: &JobArgs) -> Result<i32> {
     let env = SlurmEnv::from_env()?;
     let shared = Shared::new(&env.job_id)?;
     // A --bind that cannot be bound fails the job here, before any node starts.
-    let (binds, warnings) = bubble::binds::resolve_here(&args.options.binds)?;
+    let (binds, warnings) = bubble::binds::resolve_here(&args.options.explicit_binds(true)?)?;
     for warning in &warnings {
         println!("hpk: warning: {warning}");
     }

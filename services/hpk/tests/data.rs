@@ -204,3 +204,173 @@ fn walk_names(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+const STORAGE: &str = "storage";
+
+/// `(pod, node)` of each pod of `selector`, once `count` are Ready.
+fn ready_pods(env: &Env, selector: &str, count: usize) -> Vec<(String, String)> {
+    eventually(&format!("{count} Ready pods of {selector}"), Duration::from_secs(180), || {
+        let out = env.kubectl_ok(
+            STORAGE,
+            &[
+                "get",
+                "pods",
+                "-l",
+                selector,
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} \
+                 {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ],
+        );
+        let pods: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w.len() == 3 && w[2] == "True").then(|| (w[0].to_owned(), w[1].to_owned()))
+            })
+            .collect();
+        (pods.len() == count).then_some(pods)
+    })
+}
+
+/// The storage a cluster has out of the box (`hpk up --shared-volumes DIR`, checked with the
+/// real kubectl): a StatefulSet of 2 with `volumeClaimTemplates` and no class named gets
+/// node-local volumes from the default class, is Ready, and keeps its data, each pod pinned to
+/// its volume's node, when its pods are deleted; a ReadWriteMany volume of `hpk-shared` written
+/// by a pod on one node is read by a pod on the other; the volume's directory is removed with
+/// its claim, and an `hpk-shared-retain` one is kept, with the user's ownership on the host;
+/// `hpk down` leaves the shared directory's kept volumes and nothing of the node-local ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn statefulsets_get_node_local_volumes_and_pods_share_rwx_ones() {
+    let Some(image) = prerequisites() else { return };
+    let env = Env::start(image).await;
+    let scratch = tempfile::tempdir().expect("scratch");
+    // Missing: hpk up makes it.
+    let shared = scratch.path().join("volumes");
+    let out = env.up_with(STORAGE, 2, &[&format!("--shared-volumes={}", shared.display())]);
+    assert!(out.status.success(), "hpk up: {}", text(&out));
+    let me = nix::unistd::getuid().as_raw();
+    let meta = std::fs::metadata(&shared).expect("hpk up made the shared directory");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (me, 0o700), "the shared directory is the user's alone");
+
+    let classes = env.kubectl_ok(
+        STORAGE,
+        &[
+            "get",
+            "storageclass",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.reclaimPolicy} \
+             {.metadata.annotations.storageclass\\.kubernetes\\.io/is-default-class}{\"\\n\"}{end}",
+        ],
+    );
+    for class in ["local-path Delete true", "hpk-shared Delete", "hpk-shared-retain Retain"] {
+        assert!(classes.lines().any(|l| l.trim() == class), "no StorageClass {class:?}:\n{classes}");
+    }
+
+    // Node-local: a StatefulSet whose pods each write who first used their volume.
+    let started = std::time::Instant::now();
+    env.apply(
+        STORAGE,
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: db}}\nspec:\n  clusterIP: None\n  selector: {{app: db}}\n\
+             ---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: db}}\nspec:\n  serviceName: db\n  \
+             replicas: 2\n  selector: {{matchLabels: {{app: db}}}}\n  template:\n    metadata: {{labels: {{app: db}}}}\n    \
+             spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n      - name: db\n        image: {shell}\n        \
+             command: [sh, -c, '[ -f /data/first ] || echo $(hostname) $(cat /proc/sys/kernel/random/uuid) > /data/first; exec sleep 3600']\n        \
+             volumeMounts: [{{name: data, mountPath: /data}}]\n  volumeClaimTemplates:\n  - metadata: {{name: data}}\n    \
+             spec:\n      accessModes: [ReadWriteOnce]\n      resources: {{requests: {{storage: 64Mi}}}}\n",
+            shell = env.shell
+        ),
+    );
+    let mut first = ready_pods(&env, "app=db", 2);
+    eprintln!(
+        "StatefulSet of 2 with volumes: Ready {:.1} s after kubectl apply",
+        started.elapsed().as_secs_f64()
+    );
+    first.sort();
+    // Each pod's name and a token of its first start.
+    let read = |pod: &str| env.kubectl_ok(STORAGE, &["exec", pod, "--", "cat", "/data/first"]);
+    let written: Vec<String> = first.iter().map(|(pod, _)| read(pod)).collect();
+    for ((pod, _), text) in first.iter().zip(&written) {
+        assert!(
+            text.starts_with(&format!("{pod} ")) && text.trim().len() > pod.len() + 30,
+            "{pod}'s volume: {text}"
+        );
+    }
+    let claims = env.kubectl_ok(
+        STORAGE,
+        &["get", "pvc", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.storageClassName} {.status.phase}{\"\\n\"}{end}"],
+    );
+    assert!(
+        claims.contains("data-db-0 local-path Bound") && claims.contains("data-db-1 local-path Bound"),
+        "{claims}"
+    );
+    // On the host, each in its node's own directory.
+    let on_host: Vec<String> = (1..=2)
+        .flat_map(|i| {
+            walk_names(&env.state.path().join(STORAGE).join(format!("{STORAGE}-{i}/volumes/local-path")))
+        })
+        .filter(|p| p.ends_with("/first"))
+        .collect();
+    assert_eq!(on_host.len(), 2, "the volumes on the host: {on_host:?}");
+
+    env.kubectl_ok(STORAGE, &["delete", "pod", "db-0", "db-1", "--wait=true"]);
+    let mut again = ready_pods(&env, "app=db", 2);
+    again.sort();
+    assert_eq!(again, first, "each pod is back on its volume's node");
+    for ((pod, _), text) in again.iter().zip(&written) {
+        assert_eq!(&read(pod), text, "{pod}'s data survived its deletion");
+    }
+
+    // Shared: written on one node, read on the other; kept or removed as the class says.
+    let nodes = [format!("{STORAGE}-1"), format!("{STORAGE}-2")];
+    let claim = |name: &str, class: &str| {
+        format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  storageClassName: {class}\n  \
+             accessModes: [ReadWriteMany]\n  resources: {{requests: {{storage: 16Mi}}}}\n"
+        )
+    };
+    let pod = |name: &str, node: &str, claim: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: {node}\n  restartPolicy: Never\n  \
+             containers:\n  - name: c\n    image: {shell}\n    command: [sh, -c, {script:?}]\n    \
+             volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - {{name: v, persistentVolumeClaim: {{claimName: {claim}}}}}\n",
+            shell = env.shell
+        )
+    };
+    let finished = |name: &str| {
+        eventually(&format!("pod {name} to finish"), Duration::from_secs(120), || {
+            let phase = env.kubectl_ok(STORAGE, &["get", "pod", name, "-o", "jsonpath={.status.phase}"]);
+            assert_ne!(phase, "Failed", "{name} failed:\n{}", env.kubectl_ok(STORAGE, &["logs", name]));
+            (phase == "Succeeded").then(|| env.kubectl_ok(STORAGE, &["logs", name]))
+        })
+    };
+    env.apply(STORAGE, &(claim("scratch", "hpk-shared") + "---\n" + &claim("results", "hpk-shared-retain")));
+    env.apply(STORAGE, &pod("writer", &nodes[0], "scratch", "echo written-on-node-1 > /v/note"));
+    env.apply(STORAGE, &pod("keeper", &nodes[0], "results", "echo kept > /v/result"));
+    finished("writer");
+    finished("keeper");
+    env.apply(STORAGE, &pod("reader", &nodes[1], "scratch", "cat /v/note"));
+    assert_eq!(finished("reader").trim(), "written-on-node-1", "read on the other node");
+
+    let retained = shared.join("retained/default/results/result");
+    assert_eq!(std::fs::read_to_string(&retained).expect("the kept volume on the host"), "kept\n");
+    assert_eq!(std::fs::metadata(&retained).expect("meta").uid(), me, "the user's");
+    let notes: Vec<String> =
+        walk_names(&shared).into_iter().filter(|p| p.ends_with("_default_scratch/note")).collect();
+    assert_eq!(notes.len(), 1, "the shared volume on the host: {:?}", walk_names(&shared));
+    assert_eq!(std::fs::metadata(&notes[0]).expect("meta").uid(), me, "the user's");
+
+    env.kubectl_ok(STORAGE, &["delete", "pod", "writer", "reader", "keeper"]);
+    env.kubectl_ok(STORAGE, &["delete", "pvc", "scratch", "results"]);
+    let note_dir = std::path::Path::new(&notes[0]).parent().expect("dir").to_owned();
+    eventually("the deleted claim's directory to go", Duration::from_secs(90), || {
+        (!note_dir.exists()).then_some(())
+    });
+    assert!(retained.exists(), "the Retain volume was removed with its claim");
+
+    let out = env.down(STORAGE);
+    assert!(out.status.success(), "hpk down: {}", text(&out));
+    assert!(!env.state.path().join(STORAGE).exists(), "node-local volumes outlived the cluster");
+    assert_eq!(std::fs::read_to_string(&retained).expect("kept after hpk down"), "kept\n");
+}

@@ -8,7 +8,9 @@
 //!
 //! - the end-to-end suite on 3 nodes, once with one mapped ID (no newuidmap) and once with
 //!   several (subordinate ranges), ended by `scancel`: the Nodes are the allocation, an image
-//!   whose files belong to several users runs on every node;
+//!   whose files belong to several users runs on every node, the user's files and storage
+//!   (a StatefulSet on node-local volumes provisioned on demand, an RWX volume shared by pods
+//!   on two nodes) reach pods;
 //! - faults: the API server restarted, a worker's bubble killed;
 //! - the job's time limit: a graceful end with preStop hooks run;
 //! - bad input: more nodes than the partition, two clusters on the same hosts, and each
@@ -269,6 +271,63 @@ spec:
     assert_eq!(std::fs::read_to_string(home.join("inputs/data")).expect("inputs").trim(), "reference");
 }
 
+/// Shared storage: an RWX volume of `hpk-shared` (the job's `--shared-volumes`) written on
+/// node1 is read on node3, and is the user's on the host.
+fn shared_storage(env: &SlurmEnv, id: u32, shared: &std::path::Path) {
+    env.apply(
+        id,
+        "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: scratch}
+spec:
+  storageClassName: hpk-shared
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 16Mi}}
+",
+    );
+    let pod = |name: &str, node: &str, script: &str| {
+        format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers:
+  - name: c
+    image: {}
+    command: [sh, -c, {script:?}]
+    volumeMounts: [{{name: v, mountPath: /v}}]
+  volumes: [{{name: v, persistentVolumeClaim: {{claimName: scratch}}}}]
+",
+            env.shell
+        )
+    };
+    let succeeded = |name: &str| {
+        eventually_or(
+            &format!("pod {name}: Succeeded"),
+            Duration::from_secs(120),
+            || {
+                (env.kubectl_ok(id, &["get", "pod", name, "-o", "jsonpath={.status.phase}"]) == "Succeeded")
+                    .then(|| env.kubectl_ok(id, &["logs", name]))
+            },
+            || env.diagnose(id),
+        )
+    };
+    env.apply(id, &pod("shared-writer", "node1", "echo from-node1 > /v/note"));
+    succeeded("shared-writer");
+    env.apply(id, &pod("shared-reader", "node3", "cat /v/note"));
+    assert_eq!(succeeded("shared-reader").trim(), "from-node1", "read on another node");
+    let notes: Vec<std::path::PathBuf> = std::fs::read_dir(shared)
+        .expect("the shared directory")
+        .flatten()
+        .map(|e| e.path().join("note"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&notes[0]).expect("meta")), env.uid());
+}
+
 /// The suite a user's session is: `sbatch` from the unpacked bundle on nodes without crun,
 /// slirp4netns, nsenter or unshare (nor newuidmap, with one ID), then the cluster through
 /// kubectl only.
@@ -284,9 +343,15 @@ async fn end_to_end(ids: Ids) {
         env.slurm.command_as_user("sh").args(["-c", "mkdir inputs && echo reference > inputs/data"]).output();
     assert!(made.is_ok_and(|o| o.status.success()), "the user's inputs");
     let bind = format!("--bind={}:/data/inputs:ro", inputs.display());
+    // Shared volumes in the user's home, which every node sees (made by the job).
+    let shared = env.home().join("volumes");
+    let shared_volumes = format!("--shared-volumes={}", shared.display());
     let t0 = Instant::now();
     let id = env
-        .submit_with(&["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"], &[&bind])
+        .submit_with(
+            &["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"],
+            &[&bind, &shared_volumes],
+        )
         .expect("sbatch");
     let up = env.wait_up(id, t0);
     eprintln!("job {id} ({ids:?}): cluster up {:.1} s after sbatch", up.as_secs_f64());
@@ -308,6 +373,7 @@ async fn end_to_end(ids: Ids) {
     nodes_are_the_allocation(&env, id);
     images_of_several_owners(&env, id);
     users_files(&env, id);
+    shared_storage(&env, id, &shared);
 
     // A Deployment of 6 spread over the 3 nodes, behind a ClusterIP Service.
     env.apply(
@@ -520,36 +586,14 @@ spec:
         || env.diagnose(id),
     );
 
-    // A StatefulSet of 2, each pod with a local volume of its own on a worker, kept across a
+    // A StatefulSet of 2, each pod with a node-local volume of its own from the default
+    // StorageClass (provisioned by the local-path provisioner the job deployed), kept across a
     // pod's deletion.
-    let pv = |node: &str| {
-        format!(
-            "apiVersion: v1
-kind: PersistentVolume
-metadata: {{name: local-{node}}}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
-  storageClassName: hpk-local
-  hostPath: {{path: /var/local/hpk/local-{node}, type: DirectoryOrCreate}}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-      - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{node}]}}]
----
-"
-        )
-    };
+    let started = Instant::now();
     env.apply(
         id,
         &format!(
-            "apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {{name: hpk-local}}
-provisioner: kubernetes.io/no-provisioner
-volumeBindingMode: WaitForFirstConsumer
----
-{}{}apiVersion: v1
+            "apiVersion: v1
 kind: Service
 metadata: {{name: db}}
 spec:
@@ -567,6 +611,8 @@ spec:
     metadata: {{labels: {{app: db}}}}
     spec:
       terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+      - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: db}}}}}}
       containers:
       - name: db
         image: {}
@@ -576,17 +622,20 @@ spec:
   - metadata: {{name: data}}
     spec:
       accessModes: [ReadWriteOnce]
-      storageClassName: hpk-local
       resources: {{requests: {{storage: 1Gi}}}}
 ",
-            pv("node2"),
-            pv("node3"),
             env.shell
         ),
     );
     let db = env.running(id, "app=db", 2, Duration::from_secs(120));
+    eprintln!(
+        "job {id}: StatefulSet of 2 with volumes Running {:.1} s after kubectl apply",
+        started.elapsed().as_secs_f64()
+    );
     let db_nodes: std::collections::BTreeSet<&str> = db.iter().map(|(_, n, _)| n.as_str()).collect();
-    assert_eq!(db_nodes.len(), 2, "each replica on the node of its volume: {db:?}");
+    assert_eq!(db_nodes.len(), 2, "the replicas on two nodes: {db:?}");
+    let claims = env.kubectl_ok(id, &["get", "pvc", "-o", "jsonpath={.items[*].spec.storageClassName}"]);
+    assert!(claims.split_whitespace().filter(|c| *c == "local-path").count() >= 2, "{claims}");
     for pod in ["db-0", "db-1"] {
         assert_eq!(exec_ok(&env, id, pod, "cat /data/boots").trim(), pod);
     }
@@ -600,6 +649,10 @@ spec:
         },
         || env.diagnose(id),
     );
+    let again = env.running(id, "app=db", 2, Duration::from_secs(30));
+    let node_of =
+        |pods: &[(String, String, String)]| pods.iter().find(|p| p.0 == "db-0").map(|p| p.1.clone());
+    assert_eq!(node_of(&again), node_of(&db), "db-0 back on its volume's node");
 
     // scancel: within 60 s nothing of the job remains on any host.
     let t_cancel = Instant::now();

@@ -190,6 +190,53 @@ pub fn resolve_here(explicit: &[Bind]) -> Result<(Vec<Bind>, Vec<String>)> {
     resolve(explicit, var("HOME").as_deref(), var("SLURM_SUBMIT_DIR").as_deref(), &hidden_dirs()?)
 }
 
+/// The shared-volumes directory (`--shared-volumes`, where the cluster's ReadWriteMany volumes
+/// are made) as a bind at its own path: an absolute path outside HPK's `hidden` directories and
+/// the bubble's own, a directory of this user's (`create`: made 0700 with its missing parents
+/// when it does not exist; elsewhere it must, as a shared filesystem makes it). Every volume
+/// the provisioner makes there is open to all the bubble's IDs, so only the user may own it.
+pub fn shared_volumes(dir: &Path, create: bool, hidden: &[PathBuf]) -> Result<Bind> {
+    let refuse = |why: String| Error::Invalid(format!("--shared-volumes {}: {why}", dir.display()));
+    let bind: Bind = dir.display().to_string().parse().map_err(refuse)?;
+    if create && std::fs::symlink_metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        // Where it would be, links in the part that exists resolved: nothing is made inside
+        // HPK's own directories.
+        let mut existing = dir;
+        let mut rest = Vec::new();
+        while let (Err(_), Some(parent), Some(name)) =
+            (std::fs::symlink_metadata(existing), existing.parent(), existing.file_name())
+        {
+            rest.push(name);
+            existing = parent;
+        }
+        let mut would_be = std::fs::canonicalize(existing).map_err(|e| refuse(e.to_string()))?;
+        would_be.extend(rest.iter().rev());
+        if let Some(inside) = hidden
+            .iter()
+            .find(|h| would_be.starts_with(std::fs::canonicalize(h).unwrap_or_else(|_| (*h).clone())))
+        {
+            return Err(refuse(format!("lies inside {}, which HPK keeps for itself", inside.display())));
+        }
+        crate::image::create_private_dir(dir).map_err(|e| refuse(e.to_string()))?;
+    }
+    let meta = std::fs::metadata(dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            refuse("does not exist on this node (it must be on a filesystem every node shares)".into())
+        }
+        _ => refuse(e.to_string()),
+    })?;
+    if !meta.is_dir() {
+        return Err(refuse("is not a directory".into()));
+    }
+    let (owner, me) = (std::os::unix::fs::MetadataExt::uid(&meta), nix::unistd::geteuid().as_raw());
+    if owner != me {
+        return Err(refuse(format!(
+            "belongs to UID {owner}, not to this user ({me}): choose a directory of your own"
+        )));
+    }
+    check_source(bind, hidden).map_err(|e| refuse(e.to_string()))
+}
+
 /// Makes each bind's view at `root/<i>`, in the launcher's private mount namespace: its source
 /// bound with everything mounted below it, each of HPK's `hidden` directories inside it covered
 /// by an empty read-only tmpfs, every mount of it read-only if the bind is, and the whole then
@@ -388,5 +435,51 @@ mod tests {
         let hidden = vec![home.join(".hpk"), home.join("state-link"), PathBuf::from("/elsewhere")];
         assert_eq!(hidden_inside(&home, &hidden), vec![PathBuf::from(".hpk"), PathBuf::from("state")]);
         assert!(hidden_inside(&home.join(".hpk"), &hidden).is_empty(), "not the source itself");
+    }
+
+    #[test]
+    fn the_shared_volumes_directory_is_made_private_or_must_be_the_users_own() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let base = std::fs::canonicalize(tmp.path()).expect("canonical");
+        let hidden = vec![base.join(".hpk")];
+        std::fs::create_dir_all(base.join(".hpk")).expect("mkdir");
+        let refused = |dir: &Path, create: bool| {
+            let err = shared_volumes(dir, create, &hidden).expect_err("refused").to_string();
+            assert!(
+                err.starts_with(&format!("--shared-volumes {}: ", dir.display())),
+                "names the option: {err}"
+            );
+            err
+        };
+
+        // Missing: made, 0700, where the cluster starts; elsewhere it must be there already.
+        let made = base.join("a/volumes");
+        assert!(refused(&made, false).contains("does not exist on this node"));
+        assert!(!made.exists(), "nothing made without create");
+        let bind = shared_volumes(&made, true, &hidden).expect("made");
+        assert_eq!(bind, Bind { source: made.clone(), dest: made.clone(), readonly: false });
+        assert_eq!(std::fs::metadata(&made).expect("meta").mode() & 0o777, 0o700);
+        // There already, open to others: used as it is, its mode untouched.
+        let open = base.join("project");
+        std::fs::create_dir(&open).expect("mkdir");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o2770)).expect("chmod");
+        shared_volumes(&open, true, &hidden).expect("the user's own");
+        assert_eq!(std::fs::metadata(&open).expect("meta").mode() & 0o7777, 0o2770);
+
+        std::fs::write(base.join("file"), "x").expect("write");
+        assert!(refused(&base.join("file"), true).contains("not a directory"));
+        assert!(refused(&base.join(".hpk/vols/x"), true).contains("HPK keeps for itself"));
+        assert!(!base.join(".hpk/vols").exists(), "nothing made inside HPK's directory");
+        std::fs::create_dir(base.join(".hpk/there")).expect("mkdir");
+        assert!(refused(&base.join(".hpk/there"), true).contains("HPK keeps for itself"));
+        assert!(refused(Path::new("/etc/hpk-volumes"), true).contains("would cover the bubble's own /etc"));
+        assert!(refused(Path::new("volumes"), true).contains("not an absolute path"));
+        if nix::unistd::geteuid().is_root() {
+            let theirs = base.join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+            assert!(refused(&theirs, true).contains("belongs to UID 65534"));
+        }
     }
 }

@@ -129,6 +129,20 @@ pub struct NodeOptions {
     /// The metrics-server image the controller deploys for `kubectl top` and autoscaling.
     #[arg(long, default_value = crate::addons::DEFAULT_METRICS_SERVER_IMAGE)]
     pub metrics_server_image: String,
+    /// The local-path provisioner image the controller deploys for PersistentVolumeClaims
+    /// (StorageClass local-path, and the shared ones with --shared-volumes).
+    #[arg(long, default_value = crate::addons::DEFAULT_LOCAL_PATH_PROVISIONER_IMAGE)]
+    pub local_path_provisioner_image: String,
+    /// The image of the provisioner's helper pods, which make and remove volume directories
+    /// (any with /bin/sh, mkdir and rm).
+    #[arg(long, default_value = crate::addons::DEFAULT_LOCAL_PATH_HELPER_IMAGE)]
+    pub local_path_helper_image: String,
+    /// A directory at the same path on every node (a shared filesystem, e.g. under
+    /// /scratch/$USER) for ReadWriteMany volumes: StorageClasses hpk-shared and
+    /// hpk-shared-retain. Made (0700) if missing; it must be the user's own. Every bubble binds
+    /// it. Or HPK_SHARED_VOLUMES.
+    #[arg(long, env = "HPK_SHARED_VOLUMES")]
+    pub shared_volumes: Option<PathBuf>,
     /// Role runtime: the pods' address range (a cluster's nodes take theirs from the API).
     #[arg(long, default_value = "10.244.0.0/24")]
     pub pod_cidr: String,
@@ -155,6 +169,11 @@ impl NodeOptions {
         args.extend(self.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
         args.push(format!("--coredns-image={}", self.coredns_image));
         args.push(format!("--metrics-server-image={}", self.metrics_server_image));
+        args.push(format!("--local-path-provisioner-image={}", self.local_path_provisioner_image));
+        args.push(format!("--local-path-helper-image={}", self.local_path_helper_image));
+        if let Some(dir) = &self.shared_volumes {
+            args.push(format!("--shared-volumes={}", dir.display()));
+        }
         args.push(format!("--pod-cidr={}", self.pod_cidr));
         args.extend(self.client_names.iter().map(|n| format!("--client-name={n}")));
         if let Some(lifetime) = self.lifetime {
@@ -162,6 +181,19 @@ impl NodeOptions {
         }
         args.extend(self.binds.iter().map(|b| format!("--bind={b}")));
         args
+    }
+
+    /// The binds asked for: --bind, and the --shared-volumes directory at its own path unless
+    /// a --bind has it there already (`create`: made if missing, where the cluster starts).
+    pub fn explicit_binds(&self, create: bool) -> Result<Vec<binds::Bind>> {
+        let mut all = self.binds.clone();
+        if let Some(dir) = &self.shared_volumes {
+            let bind = binds::shared_volumes(dir, create, &binds::hidden_dirs()?)?;
+            if !all.iter().any(|b| b.dest == bind.dest) {
+                all.push(bind);
+            }
+        }
+        Ok(all)
     }
 }
 
@@ -195,7 +227,7 @@ pub fn run(args: &BubbleArgs) -> Result<i32> {
     cluster::host_uid();
     // Bad input is refused before anything is made.
     client_ca(args)?;
-    binds::resolve_here(&args.options.binds)?;
+    binds::resolve_here(&args.options.explicit_binds(false)?)?;
     // The node-token key comes from whoever started this launcher, never from the shared
     // directory (review M4); a runtime bubble enrols nothing.
     let token_key = match args.role {
@@ -465,7 +497,7 @@ fn prepare_and_start(
     bind_shared_read_only(&shared.dir, &shared_view)?;
     // The user's paths: $HOME, the job's submit directory, --bind.
     let hidden = binds::hidden_dirs()?;
-    let (user_binds, warnings) = binds::resolve_here(&args.options.binds)?;
+    let (user_binds, warnings) = binds::resolve_here(&args.options.explicit_binds(false)?)?;
     for warning in &warnings {
         tracing::warn!("{warning}");
     }

@@ -183,6 +183,18 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let manifest = crate::addons::metrics_server_manifest(&args.options.metrics_server_image, &kubelet_pem)?;
     apply_addon("metrics-server", &manifest, &admin_local).await?;
     tracing::info!(image = %args.options.metrics_server_image, "metrics-server applied");
+    // Storage: the default StorageClass on each node's local disk, and with a shared
+    // directory the ReadWriteMany ones.
+    let node_volumes = format!("{}/local-path", crate::bubble::spec::LOCAL_VOLUMES_DIR);
+    let shared = args.options.shared_volumes.as_ref().map(|d| d.display().to_string());
+    let manifest = crate::addons::local_path_manifest(&crate::addons::LocalPath {
+        image: &args.options.local_path_provisioner_image,
+        helper_image: &args.options.local_path_helper_image,
+        node_dir: &node_volumes,
+        shared_dir: shared.as_deref(),
+    })?;
+    apply_addon("the local-path provisioner", &manifest, &admin_local).await?;
+    tracing::info!(image = %args.options.local_path_provisioner_image, shared = ?shared, "storage applied");
     Ok(())
 }
 

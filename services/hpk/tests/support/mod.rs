@@ -34,6 +34,7 @@ pub fn prerequisites() -> Option<PathBuf> {
     }
     hpk_integration::skip_unless_available(hpk_integration::clusterdns::coredns_binary())?;
     hpk_integration::skip_unless_available(hpk_integration::clusterdns::metrics_server_binary())?;
+    hpk_integration::skip_unless_available(hpk_integration::clusterdns::local_path_provisioner_binary())?;
     image()
 }
 
@@ -43,6 +44,8 @@ pub struct Env {
     pub coredns: String,
     /// metrics-server, built from the static binary scripts/setup.sh makes, in the registry.
     pub metrics_server: String,
+    /// The local-path provisioner, likewise (its helper pods run `shell`).
+    pub local_path: String,
     pub registry: Registry,
     pub shell: String,
     pub httpd: String,
@@ -65,11 +68,13 @@ impl Env {
         let images = TestImages::push(&registry, true).await.expect("test images");
         let (shell, httpd, coredns) = (images.shell, images.httpd, images.coredns.expect("coredns"));
         let metrics_server = images.metrics_server.expect("metrics-server");
+        let local_path = images.local_path_provisioner.expect("local-path-provisioner");
         let kubectl = hpk_integration::controlplane::bin_dir().expect("control plane").join("kubectl");
         Self {
             clusters: std::sync::Mutex::new(Vec::new()),
             coredns,
             metrics_server,
+            local_path,
             registry,
             shell,
             httpd,
@@ -136,6 +141,8 @@ impl Env {
         let registry = format!("--insecure-registry={}", self.registry.host_port());
         let coredns = format!("--coredns-image={}", self.coredns);
         let metrics_server = format!("--metrics-server-image={}", self.metrics_server);
+        let local_path = format!("--local-path-provisioner-image={}", self.local_path);
+        let helper = format!("--local-path-helper-image={}", self.shell);
         let n = nodes.to_string();
         self.hpk(&[
             "up",
@@ -146,6 +153,8 @@ impl Env {
             &registry,
             &coredns,
             &metrics_server,
+            &local_path,
+            &helper,
             "--kubelet-arg=--disk-pressure-percent=1",
         ])
     }

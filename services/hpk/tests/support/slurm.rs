@@ -33,6 +33,7 @@ pub struct SlurmEnv {
     pub owners: String,
     pub coredns: String,
     pub metrics_server: String,
+    pub local_path: String,
     pub registry: Registry,
     pub image: PathBuf,
     /// The unpacked release bundle, in the user's home: jobs are submitted from there.
@@ -78,6 +79,7 @@ impl SlurmEnv {
             owners: images.owners,
             coredns: images.coredns.expect("coredns"),
             metrics_server: images.metrics_server.expect("metrics-server"),
+            local_path: images.local_path_provisioner.expect("local-path-provisioner"),
             registry,
             image: super::image().expect("image"),
             bundle,
@@ -126,6 +128,8 @@ impl SlurmEnv {
         cmd.arg(format!("--insecure-registry={}", self.registry.host_port()))
             .arg(format!("--coredns-image={}", self.coredns))
             .arg(format!("--metrics-server-image={}", self.metrics_server))
+            .arg(format!("--local-path-provisioner-image={}", self.local_path))
+            .arg(format!("--local-path-helper-image={}", self.shell))
             .arg("--kubelet-arg=--disk-pressure-percent=1")
             .args(hpk_args)
             .env("RUST_LOG", "info");
