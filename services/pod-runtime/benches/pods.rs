@@ -1,6 +1,8 @@
 //! Pod start latency (RunPodSandbox → CreateContainer → StartContainer returned, image present)
 //! over CRI against the release `hpk-pod-runtime`, sequential and 10 at a time, with the
-//! sequential run split into its three calls; the runtime's RSS with 100 pods; memory per sleeping
+//! sequential run split into its three calls; the same with a GPU (a CDI device: a character
+//! device 195:0 the bench makes and a fake driver's three files, from a spec the runtime reads)
+//! and without, alternating in one run; the runtime's RSS with 100 pods; memory per sleeping
 //! pod with 250 pods.
 //!
 //! Run (as root, with crun, docker-registry and busybox-static installed):
@@ -45,6 +47,7 @@ async fn run() {
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let socket = tmp.path().join("run/cri.sock");
+    let cdi_dir = fake_gpu(tmp.path());
     let server = Server(
         Command::new(RUNTIME)
             .arg(format!("--socket={}", socket.display()))
@@ -52,6 +55,7 @@ async fn run() {
             .arg(format!("--pause-binary={PAUSE}"))
             .arg(format!("--insecure-registry={}", registry.host_port()))
             .arg("--pod-grace-seconds=1")
+            .arg(format!("--cdi-spec-dir={}", cdi_dir.display()))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(tmp.path().join("runtime.log")).expect("log"))
@@ -86,10 +90,23 @@ async fn run() {
     let mut sequential = Vec::new();
     let mut phases: [Vec<Duration>; 3] = Default::default();
     for i in 0..100 {
-        let (started, id) = start_pod(channel.clone(), reference.clone(), format!("seq-{i}")).await;
+        let (started, id) = start_pod(channel.clone(), reference.clone(), format!("seq-{i}"), None).await;
         sequential.push(started.total());
         for (samples, phase) in phases.iter_mut().zip(started.phases) {
             samples.push(phase);
+        }
+        ids.push(id);
+    }
+    // With a GPU and without, alternating, so that both see the same machine.
+    let (mut with_gpu, mut without_gpu) = (Vec::new(), Vec::new());
+    for i in 0..100 {
+        let gpu = (i % 2 == 1).then(|| "nvidia.com/gpu=0".to_owned());
+        let (started, id) =
+            start_pod(channel.clone(), reference.clone(), format!("gpu-{i}"), gpu.clone()).await;
+        if gpu.is_some() {
+            with_gpu.push(started.total())
+        } else {
+            without_gpu.push(started.total())
         }
         ids.push(id);
     }
@@ -97,7 +114,9 @@ async fn run() {
     let mut concurrent = Vec::new();
     for batch in 0..10 {
         let tasks: Vec<_> = (0..10)
-            .map(|i| tokio::spawn(start_pod(channel.clone(), reference.clone(), format!("par-{batch}-{i}"))))
+            .map(|i| {
+                tokio::spawn(start_pod(channel.clone(), reference.clone(), format!("par-{batch}-{i}"), None))
+            })
             .collect();
         for task in tasks {
             let (started, id) = task.await.expect("task");
@@ -107,7 +126,7 @@ async fn run() {
     }
     let available_200 = mem_available_kib();
     for i in 0..50 {
-        ids.push(start_pod(channel.clone(), reference.clone(), format!("more-{i}")).await.1);
+        ids.push(start_pod(channel.clone(), reference.clone(), format!("more-{i}"), None).await.1);
     }
     let available_250 = mem_available_kib();
     let rss_250 = rss_kib(server.0.id());
@@ -119,6 +138,8 @@ async fn run() {
         row(&format!("  of which {name}, sequential"), samples);
     }
     row("RunPodSandbox → container running, 10 at a time", &mut concurrent);
+    row("RunPodSandbox → container running, sequential, no GPU (alternating)", &mut without_gpu);
+    row("RunPodSandbox → container running, sequential, one CDI GPU (alternating)", &mut with_gpu);
     println!();
     println!("runtime RSS with 100 pods: {:.1} MiB; with 250 pods: {:.1} MiB", mib(rss_100), mib(rss_250));
     let per_pod = available_200.saturating_sub(available_250) as f64 / 50.0;
@@ -149,8 +170,48 @@ impl Started {
     }
 }
 
-/// Starts one pod with a sleeping container; returns the calls' latencies and the sandbox ID.
-async fn start_pod(channel: Channel, reference: String, name: String) -> (Started, String) {
+/// A fake GPU under `dir`: character device 195:0, a driver's library (a file and a link to it)
+/// and tool, and a CDI spec `nvidia.com/gpu=0` naming them, in `dir/cdi`, which it returns.
+fn fake_gpu(dir: &std::path::Path) -> std::path::PathBuf {
+    let gpu = dir.join("gpu");
+    std::fs::create_dir_all(gpu.join("lib")).expect("mkdir");
+    nix::sys::stat::mknod(
+        &gpu.join("nvidia0"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(195, 0),
+    )
+    .expect("mknod (run as root)");
+    for file in ["lib/libnvidia-ml.so.550.54.15", "lib/libcuda.so.550.54.15", "nvidia-smi"] {
+        std::fs::write(gpu.join(file), "fake").expect("write");
+    }
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": gpu.join("nvidia0")}]}}],
+        "containerEdits": {
+            "env": ["NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+            "mounts": [
+                {"hostPath": gpu.join("lib/libnvidia-ml.so.550.54.15"), "containerPath": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "options": ["ro", "bind"]},
+                {"hostPath": gpu.join("lib/libcuda.so.550.54.15"), "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
+                {"hostPath": gpu.join("nvidia-smi"), "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "bind"]}
+            ]
+        }
+    });
+    let cdi = dir.join("cdi");
+    std::fs::create_dir_all(&cdi).expect("mkdir");
+    std::fs::write(cdi.join("gpu.json"), spec.to_string()).expect("write spec");
+    cdi
+}
+
+/// Starts one pod with a sleeping container (with CDI device `gpu`, if any); returns the calls'
+/// latencies and the sandbox ID.
+async fn start_pod(
+    channel: Channel,
+    reference: String,
+    name: String,
+    gpu: Option<String>,
+) -> (Started, String) {
     let mut runtime = RuntimeServiceClient::new(channel);
     let config = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
@@ -173,6 +234,7 @@ async fn start_pod(channel: Channel, reference: String, name: String) -> (Starte
         metadata: Some(cri::ContainerMetadata { name: "sleep".into(), attempt: 0 }),
         image: Some(cri::ImageSpec { image: reference, ..Default::default() }),
         command: vec!["sleep".into(), "3600".into()],
+        cdi_devices: gpu.into_iter().map(|name| cri::CdiDevice { name }).collect(),
         ..Default::default()
     };
     let id = runtime

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// have), or `auto` (apptainer when it is on PATH and crun is not, else crun).
     #[arg(long, env = "HPK_POD_RUNTIME_ENGINE", value_enum, default_value_t = EngineChoice::Auto)]
     pub engine: EngineChoice,
+    /// Where CDI specs are read from, lowest precedence first (repeatable): a container's CDI
+    /// devices (CRI `cdi_devices`, e.g. `nvidia.com/gpu=0`) get what these describe.
+    #[arg(long = "cdi-spec-dir", env = "HPK_CDI_SPEC_DIRS", value_delimiter = ',', default_values_t = hpk_cdi::SPEC_DIRS.map(String::from))]
+    pub cdi_spec_dirs: Vec<String>,
     /// The net-forwarder's socket: pods get an address from it. Without it, pods have
     /// loopback only.
     #[arg(long, env = "HPK_NET_FORWARDER_SOCKET")]
@@ -144,6 +148,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
             .map_err(|e| Error::Config(format!("locating this binary for the log shims: {e}")))?,
         network: args.net_forwarder_socket.as_deref().map(runtime::PodNetwork::new),
         pod_logs_root: args.listen.is_some().then(|| args.root.join("pod-logs")),
+        cdi_spec_dirs: args.cdi_spec_dirs.iter().map(PathBuf::from).collect(),
         on_pod_removed: Some(crate::remote::files::remove_on_pod_removed(args.root.join(runtime::POD_FILES))),
     };
     let runtime = Runtime::new(config, engine, images)?;

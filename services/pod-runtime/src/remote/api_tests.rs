@@ -27,6 +27,7 @@ fn runtime(root: &Path) -> Arc<Runtime> {
         shim_binary: "/nonexistent/hpk-pod-runtime".into(),
         network: None,
         pod_logs_root: None,
+        cdi_spec_dirs: Vec::new(),
         on_pod_removed: Some(super::files::remove_on_pod_removed(root.join(super::files::POD_FILES))),
     };
     let images = ImageStore::open(&root.join("images")).unwrap();

@@ -112,6 +112,13 @@ impl Runtime {
                 });
             }
         }
+        // CDI devices (a GPU the kubelet gave the container): their device nodes and files
+        // bound in, their environment over the container's.
+        let mut process = process;
+        if !config.cdi_devices.is_empty() {
+            let edits = cdi_edits(&self.config.cdi_spec_dirs, &config)?;
+            apply_cdi(&edits, &mut mounts, &mut process.env);
+        }
         let image_user = image.config.user.clone().unwrap_or_default();
         let process = Process { security, own_pid_namespace, image_user, ..process };
         self.engine.check_tty(config.tty)?;
@@ -640,6 +647,59 @@ fn process_of(config: &cri::ContainerConfig, image: &crate::images::ImageConfig)
 
 /// The engine's mounts for `config`; the sources of `held` mounts were opened already (and
 /// are pinned later), the others must exist.
+/// What the container's CDI devices bring, from the specs in `dirs`; a device no spec
+/// describes, or a device node or file missing here, is an error that names it. Hooks are not
+/// run (logged as such).
+fn cdi_edits(dirs: &[PathBuf], config: &cri::ContainerConfig) -> Result<hpk_cdi::ContainerEdits> {
+    let (registry, errors) = hpk_cdi::Registry::load(dirs);
+    for error in &errors {
+        tracing::warn!(%error, "a CDI spec left out");
+    }
+    let names: Vec<String> = config.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    let resolved = registry.resolve(&names).map_err(|e| Error::Invalid(e.to_string()))?;
+    for left_out in &resolved.not_applied {
+        tracing::warn!(devices = ?names, "CDI: not applied: {left_out}");
+    }
+    let edits = resolved.edits;
+    let sources = edits
+        .device_nodes
+        .iter()
+        .map(|n| (n.source(), n.path.as_str()))
+        .chain(edits.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str())));
+    for (source, dest) in sources {
+        if !std::path::Path::new(source).exists() {
+            return Err(Error::Invalid(format!(
+                "CDI devices {names:?}: {source} (for {dest}) does not exist on this node"
+            )));
+        }
+    }
+    Ok(edits)
+}
+
+/// Binds `edits`' device nodes (read-write; a rootless engine cannot make device nodes, and a
+/// bind keeps the host's permission checks) and files (read-only where the spec says so) over
+/// any mount of the same destination, and sets their environment over `env`'s.
+fn apply_cdi(edits: &hpk_cdi::ContainerEdits, mounts: &mut Vec<Mount>, env: &mut Vec<String>) {
+    let binds =
+        edits.device_nodes.iter().map(|n| (n.source(), n.path.as_str(), false)).chain(
+            edits.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.readonly())),
+        );
+    for (source, dest, readonly) in binds {
+        mounts.retain(|m| m.dest != dest);
+        mounts.push(Mount {
+            host: PathBuf::from(source),
+            dest: dest.to_owned(),
+            readonly,
+            propagation: Propagation::Private,
+        });
+    }
+    for entry in &edits.env {
+        let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
+        env.retain(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) != key);
+        env.push(entry.clone());
+    }
+}
+
 fn mounts_of(config: &cri::ContainerConfig, held: &[super::sub_path::Held]) -> Result<Vec<Mount>> {
     config
         .mounts
@@ -666,4 +726,61 @@ fn mounts_of(config: &cri::ContainerConfig, held: &[super::sub_path::Held]) -> R
             Ok(Mount { host, dest: m.container_path.clone(), readonly: m.readonly, propagation })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod cdi_tests {
+    use super::*;
+
+    fn with_devices(names: &[&str]) -> cri::ContainerConfig {
+        cri::ContainerConfig {
+            cdi_devices: names.iter().map(|n| cri::CdiDevice { name: (*n).to_owned() }).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_containers_cdi_devices_become_binds_and_environment() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (dev, lib) = (tmp.path().join("nvidia1"), tmp.path().join("libnvidia-ml.so.1"));
+        std::fs::write(&dev, "").expect("write");
+        std::fs::write(&lib, "").expect("write");
+        let spec = format!(
+            r#"{{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu",
+                "containerEdits":{{"env":["NVIDIA_DRIVER_CAPABILITIES=compute,utility"],
+                  "mounts":[{{"hostPath":"{lib}","containerPath":"/usr/lib/libnvidia-ml.so.1","options":["ro","bind"]}}]}},
+                "devices":[{{"name":"1","containerEdits":{{"deviceNodes":[{{"path":"/dev/nvidia1","hostPath":"{dev}"}}]}}}},
+                           {{"name":"2","containerEdits":{{"deviceNodes":[{{"path":"/dev/nvidia2","hostPath":"/nonexistent/nvidia2"}}]}}}}]}}"#,
+            lib = lib.display(),
+            dev = dev.display()
+        );
+        let dirs = vec![tmp.path().join("cdi")];
+        std::fs::create_dir(&dirs[0]).expect("mkdir");
+        std::fs::write(dirs[0].join("gpu.json"), spec).expect("write");
+
+        let edits = cdi_edits(&dirs, &with_devices(&["nvidia.com/gpu=1"])).expect("edits");
+        let mut mounts = vec![Mount {
+            host: PathBuf::from("/elsewhere"),
+            dest: "/dev/nvidia1".into(),
+            readonly: true,
+            propagation: Propagation::Private,
+        }];
+        let mut env = vec!["PATH=/bin".to_owned(), "NVIDIA_DRIVER_CAPABILITIES=all".to_owned()];
+        apply_cdi(&edits, &mut mounts, &mut env);
+        let got: Vec<(&Path, &str, bool)> =
+            mounts.iter().map(|m| (m.host.as_path(), m.dest.as_str(), m.readonly)).collect();
+        assert_eq!(
+            got,
+            [(dev.as_path(), "/dev/nvidia1", false), (lib.as_path(), "/usr/lib/libnvidia-ml.so.1", true)],
+            "the device read-write over the mount it replaces, the library read-only"
+        );
+        assert_eq!(env, ["PATH=/bin", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]);
+
+        let err = cdi_edits(&dirs, &with_devices(&["nvidia.com/gpu=7"])).expect_err("unknown").to_string();
+        assert!(err.contains("nvidia.com/gpu=7") && err.contains("not described"), "{err}");
+        let err = cdi_edits(&dirs, &with_devices(&["nvidia.com/gpu=2"])).expect_err("missing").to_string();
+        assert!(err.contains("/nonexistent/nvidia2") && err.contains("does not exist on this node"), "{err}");
+        let err = cdi_edits(&dirs, &with_devices(&["gpu"])).expect_err("malformed").to_string();
+        assert!(err.contains("no CDI device name"), "{err}");
+    }
 }

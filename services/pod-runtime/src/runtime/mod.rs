@@ -61,6 +61,8 @@ pub struct Config {
     /// `log_directory` names a directory of its own filesystem, so the runtime keeps the last
     /// component under this directory instead, and creates it.
     pub pod_logs_root: Option<PathBuf>,
+    /// Where CDI specs are read from (lowest precedence first), for containers' CDI devices.
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// Called with a pod's UID once its last sandbox is removed (what a remote kubelet stored
     /// for the pod goes then, see `crate::remote::files`).
     pub on_pod_removed: Option<PodRemoved>,

@@ -44,6 +44,7 @@ fn runtime_with_store(root: &Path, engine: &Arc<FakeEngine>, store: &str) -> Arc
         shim_binary: shim,
         network: None,
         pod_logs_root: None,
+        cdi_spec_dirs: Vec::new(),
         on_pod_removed: None,
     };
     let images = ImageStore::open(&root.join(store)).expect("store");
