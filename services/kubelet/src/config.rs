@@ -72,6 +72,11 @@ pub struct KubeletArgs {
     #[arg(long = "hidden-host-path", env = "HPK_HIDDEN_HOST_PATHS", value_delimiter = ',',
           value_parser = parse_absolute)]
     pub hidden_host_paths: Vec<PathBuf>,
+    /// Where CDI specs are read from (repeatable, or comma-separated; lowest precedence
+    /// first): their `nvidia.com/gpu` devices are the node's GPUs, one container's each.
+    #[arg(long = "cdi-spec-dir", env = "HPK_CDI_SPEC_DIRS", value_delimiter = ',',
+          default_values = hpk_cdi::SPEC_DIRS, value_parser = parse_absolute)]
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where containers' logs go (`<namespace>_<pod>_<uid>/<container>/<n>.log`); by default
     /// `<root-dir>/pod-logs`.
     #[arg(long, env = "HPK_POD_LOGS_DIR")]

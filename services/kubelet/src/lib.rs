@@ -10,6 +10,7 @@ pub mod diag;
 pub mod downward;
 mod error;
 pub mod events;
+pub mod gpus;
 pub mod log_rotation;
 /// The bubble's ID mappings (`hpk-node-resources`).
 pub use hpk_node_resources::ids as idmap;

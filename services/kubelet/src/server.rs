@@ -47,6 +47,17 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
             .unwrap_or_else(|_| node_name.clone()),
     };
     let api = crate::api::prepare(&args, &node_name, &hostname, &shutdown).await?;
+    // The GPUs this node's runtime can give containers (not a remote runtime's: connector
+    // mode gives none).
+    let gpus = match cri.remote {
+        Some(_) => crate::gpus::Gpus::default(),
+        None => crate::gpus::Gpus::discover(&args.cdi_spec_dirs),
+    };
+    if gpus.count() > 0 {
+        tracing::info!(gpus = gpus.count(), dirs = ?args.cdi_spec_dirs, "GPUs described by CDI specs");
+    }
+    // A remote runtime's allocation counts its own; here only what can be given is offered.
+    let local_gpus = remote_capacity.is_none().then(|| i64::try_from(gpus.count()).unwrap_or(i64::MAX));
     let node_config = NodeConfig {
         name: node_name.clone(),
         internal_ip: args.node_ip,
@@ -60,6 +71,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         disk_pressure_percent: args.disk_pressure_percent,
         env: None,
         capacity: remote_capacity,
+        gpus: local_gpus,
     };
     let (node_state, node_task) = node::start(client.clone(), cri.clone(), node_config, shutdown.clone())
         .await
@@ -90,6 +102,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
             allowed: args.allowed_host_paths.clone(),
             hidden: args.hidden_host_paths.clone(),
         },
+        gpus,
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));

@@ -129,6 +129,7 @@ fn config(ip: std::net::IpAddr, root_dir: &Path) -> NodeConfig {
         disk_pressure_percent: 1,
         env: Some(env),
         capacity: None,
+        gpus: None,
     }
 }
 

@@ -68,6 +68,9 @@ pub struct NodeConfig {
     /// The capacity as given: a remote runtime's allocation (connector mode). `None` measures
     /// this machine and its allocation.
     pub capacity: Option<Resources>,
+    /// The GPUs this node can give pods (CDI devices), over what [`capacity`] counts from the
+    /// allocation; `None` keeps that count.
+    pub gpus: Option<i64>,
 }
 
 /// What the pod side needs from the node.
@@ -128,6 +131,19 @@ pub async fn start(
         (Some(given), _) => given.clone(),
         (None, Some(vars)) => capacity(&|k| vars.get(k).cloned(), &machine, config.max_pods),
         (None, None) => capacity(&|k| std::env::var(k).ok(), &machine, config.max_pods),
+    };
+    let capacity = match config.gpus {
+        Some(gpus) => {
+            if capacity.gpus > gpus {
+                tracing::warn!(
+                    allocation = capacity.gpus,
+                    described = gpus,
+                    "the allocation has GPUs that no CDI spec describes: only the described ones are offered"
+                );
+            }
+            Resources { gpus, ..capacity }
+        }
+        None => capacity,
     };
     let allocatable = allocatable(&capacity);
     info!(node = %config.name, ?capacity, "node capacity");

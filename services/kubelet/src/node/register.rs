@@ -116,6 +116,7 @@ mod tests {
             disk_pressure_percent: 10,
             env: None,
             capacity: None,
+            gpus: None,
         }
     }
 

@@ -110,6 +110,7 @@ mod tests {
             disk_pressure_percent: 10,
             env: None,
             capacity: None,
+            gpus: None,
         }
     }
 

@@ -218,6 +218,31 @@ impl Worker {
         // The runtime resolves each subPath mount again beneath its volume and mounts what it
         // opened, so nothing swapped in since the check above is followed (review H4).
         config.annotations.extend(container_mounts.annotation());
+        // GPUs: devices of its own, which the runtime resolves from the node's CDI specs.
+        let wanted = crate::gpus::wanted(spec);
+        if wanted > 0 {
+            let init: Vec<String> = self
+                .pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.init_containers.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|c| c.name != spec.name && c.restart_policy.as_deref() != Some("Always"))
+                .map(|c| c.name.clone())
+                .collect();
+            let devices =
+                self.ctx.gpus.allocate(&self.uid, &spec.name, wanted, &init).map_err(|message| {
+                    StepError::new(Reason::CreateContainerConfigError, message, Retry::After(RETRY_CONTAINER))
+                })?;
+            for (key, value) in crate::gpus::env(wanted) {
+                if !config.envs.iter().any(|e| e.key == key) {
+                    config.envs.push(cri::KeyValue { key, value });
+                }
+            }
+            config.annotations.insert(crate::gpus::ANNOTATION.into(), devices.join(","));
+            config.cdi_devices = devices.into_iter().map(|name| cri::CdiDevice { name }).collect();
+        }
         Ok(config)
     }
 

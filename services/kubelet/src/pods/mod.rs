@@ -69,6 +69,8 @@ pub struct Context {
     /// The host paths hostPath volumes may reach (`--forbidden-host-path`,
     /// `--allowed-host-path`).
     pub host_paths: crate::volumes::HostPaths,
+    /// The node's GPUs (CDI devices) and which containers hold them.
+    pub gpus: crate::gpus::Gpus,
 }
 
 impl Context {

@@ -118,6 +118,9 @@ impl Worker {
                 })
                 .max_by_key(|c| (c.metadata.as_ref().map_or(0, |m| m.attempt), c.created_at));
             if let Some(found) = newest {
+                if let Some(held) = found.annotations.get(crate::gpus::ANNOTATION) {
+                    self.ctx.gpus.adopt(&self.uid, &name, held);
+                }
                 let c = &mut self.state.containers[i];
                 c.id = Some(found.id.clone());
                 c.attempt = found.metadata.as_ref().map_or(0, |m| m.attempt);

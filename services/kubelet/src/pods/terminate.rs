@@ -29,6 +29,7 @@ impl Worker {
         }
         if self.state.admitted {
             lock(&self.ctx.admitted).release(&self.uid);
+            self.ctx.gpus.release(&self.uid);
             self.state.admitted = false;
         }
         result
@@ -67,6 +68,7 @@ impl Worker {
             tracing::warn!(pod = %self.key, %error, "removing the pod's volumes failed");
         }
         lock(&self.ctx.admitted).release(&self.uid);
+        self.ctx.gpus.release(&self.uid);
         self.state.admitted = false;
         if !self.state.deleted {
             if !self.state.phase.terminal() {

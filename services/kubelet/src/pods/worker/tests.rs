@@ -54,6 +54,7 @@ fn harness(spec: serde_json::Value) -> Harness {
         pods: Mutex::new(BTreeMap::new()),
         ids: None,
         host_paths: crate::volumes::HostPaths::default(),
+        gpus: crate::gpus::Gpus::default(),
     });
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
