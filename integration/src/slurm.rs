@@ -253,6 +253,7 @@ impl SlurmCluster {
         write_file(&conf, &conf_text)?;
         // Slurm reads gres.conf and cgroup.conf beside slurm.conf.
         write_file(&d.join("gres.conf"), &conf::gres_conf(&make_gpus(&d.join("dev"), opts.gpus_per_node)?))?;
+        make_driver(&d.join("driver"))?;
         write_file(&d.join("cgroup.conf"), &conf::cgroup_conf())?;
         let hosts = d.join("hosts");
         write_file(&hosts, &conf::hosts_file(network.gateway(), &nodes_ips))?;
@@ -358,6 +359,18 @@ impl SlurmCluster {
     /// The cluster's slurm.conf (what `SLURM_CONF` names).
     pub fn conf(&self) -> &Path {
         &self.conf
+    }
+
+    /// Where the GPUs of gres.conf are (`nvidiaN`, character devices 195:N): a node's
+    /// `HPK_NVIDIA_DEV_DIR`.
+    pub fn gpu_dev_dir(&self) -> PathBuf {
+        self.conf.parent().unwrap_or(Path::new("/")).join("dev")
+    }
+
+    /// A fake NVIDIA driver's root (`libnvidia-ml.so.1`, `nvidia-smi`): a node's
+    /// `HPK_NVIDIA_DRIVER_ROOT`.
+    pub fn gpu_driver_root(&self) -> PathBuf {
+        self.conf.parent().unwrap_or(Path::new("/")).join("driver")
     }
 
     /// The cluster's directory (config, state, spool, logs, the user's home).
@@ -565,6 +578,27 @@ fn logs_tail(dir: &Path, names: &[String]) -> String {
         out.push_str(&format!("==> {name} <==\n{tail}\n"));
     }
     out
+}
+
+/// A fake NVIDIA driver root for the GPUs of [`make_gpus`]: `libnvidia-ml.so.1` (a link to
+/// a versioned file holding `fake NVML`) and an `nvidia-smi` script that prints it.
+fn make_driver(root: &Path) -> Result<()> {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    let bin = root.join("usr/bin");
+    for dir in [&lib, &bin] {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir.display(), e))?;
+    }
+    write_file(&lib.join("libnvidia-ml.so.550.54.15"), "fake NVML\n")?;
+    let link = lib.join("libnvidia-ml.so.1");
+    std::os::unix::fs::symlink("libnvidia-ml.so.550.54.15", &link)
+        .map_err(|e| Error::io("link", link.display(), e))?;
+    let smi = bin.join("nvidia-smi");
+    write_file(
+        &smi,
+        "#!/bin/sh\necho \"fake nvidia-smi: $(cat /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1)\"\n",
+    )?;
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| Error::io("chmod", smi.display(), e))
 }
 
 /// `count` GPU device nodes (character devices 195, N, as NVIDIA's) in `dir`, for gres.conf.

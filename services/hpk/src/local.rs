@@ -117,10 +117,31 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
     let names: Vec<String> = (1..=args.nodes).map(|i| format!("{}-{i}", args.name)).collect();
     // The cluster's node-token key, handed to each launcher in its environment only.
     let token_key = cluster::new_node_token_key()?;
+    // The machine's GPUs (or the allocation's, inside a Slurm job), shared out: no two nodes
+    // get the same device.
+    let env = |k: &str| std::env::var(k).ok();
+    let listed =
+        [bubble::gpus::GPUS_ENV, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"].iter().any(|v| env(v).is_some());
+    let machine_gpus = match listed {
+        true => bubble::gpus::allocated(&env)?,
+        false => bubble::gpus::on_this_machine(&bubble::gpus::host(&env).dev_dir, &env),
+    };
+    let shares = bubble::gpus::share_out(&machine_gpus, names.len());
+    if !machine_gpus.is_empty() {
+        let each: Vec<String> = names.iter().zip(&shares).map(|(n, g)| format!("{n} {g:?}")).collect();
+        done(&format!("GPUs {machine_gpus:?}: {}", each.join(", ")));
+    }
     step(&format!("starting the controller bubble {} on {address}", names[0]));
     let mut pids = vec![(
         names[0].clone(),
-        spawn_launcher(args, shared, &names[0], bubble::Role::Controller, image, address, &token_key)?,
+        spawn_launcher(
+            args,
+            shared,
+            NodeLaunch { node: &names[0], role: bubble::Role::Controller, gpus: &shares[0] },
+            image,
+            address,
+            &token_key,
+        )?,
     )];
     let deadline = Instant::now() + CONTROL_PLANE_BOUND;
     while !shared.kubeconfig().is_file() {
@@ -135,11 +156,18 @@ async fn start_nodes(args: &UpArgs, shared: &Shared, image: &Path, address: Ipv4
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     done(&format!("control plane ready ({:.1} s)", t0.elapsed().as_secs_f64()));
-    for name in &names[1..] {
+    for (i, name) in names.iter().enumerate().skip(1) {
         step(&format!("starting the worker bubble {name}"));
         pids.push((
             name.clone(),
-            spawn_launcher(args, shared, name, bubble::Role::Worker, image, address, &token_key)?,
+            spawn_launcher(
+                args,
+                shared,
+                NodeLaunch { node: name, role: bubble::Role::Worker, gpus: &shares[i] },
+                image,
+                address,
+                &token_key,
+            )?,
         ));
     }
     let client = crate::init::client(&shared.kubeconfig()).await?;
@@ -269,15 +297,22 @@ async fn pod_states(pods: &Api<Pod>, selector: &str) -> String {
     out.join("\n")
 }
 
+/// One node to launch: its name, role and GPUs.
+struct NodeLaunch<'a> {
+    node: &'a str,
+    role: bubble::Role,
+    gpus: &'a [u32],
+}
+
 fn spawn_launcher(
     args: &UpArgs,
     shared: &Shared,
-    node: &str,
-    role: bubble::Role,
+    launch: NodeLaunch<'_>,
     image: &Path,
     address: Ipv4Addr,
     token_key: &str,
 ) -> Result<u32> {
+    let NodeLaunch { node, role, gpus } = launch;
     let logs = cluster::state_base().join(&shared.name);
     image::create_private_dir(&logs)?;
     let log = logs.join(format!("launcher-{node}.log"));
@@ -294,6 +329,7 @@ fn spawn_launcher(
         .arg(image);
     cmd.args(args.options.to_args());
     cmd.env(cluster::NODE_TOKEN_KEY_ENV, token_key);
+    cmd.env(bubble::gpus::GPUS_ENV, gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
     // The state directory this command chose (and checked), not one chosen again.
     cmd.env("HPK_STATE_DIR", cluster::state_base());
     // Its own session: the launcher outlives `hpk up` and a closed terminal.

@@ -271,6 +271,61 @@ spec:
     assert_eq!(std::fs::read_to_string(home.join("inputs/data")).expect("inputs").trim(), "reference");
 }
 
+/// The allocation's GPU (`--gres=gpu:1`: the harness's character device 195:0 and fake
+/// driver) in a pod that asks for it: the device, the driver's tool and library, the
+/// variables; asking for more than the node has is refused at admission.
+fn gpus_in_pods(env: &SlurmEnv, id: u32) {
+    let pod = |name: &str, gpus: u32| {
+        format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  nodeName: node2
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: {}
+    command: [sleep, '3600']
+    resources: {{limits: {{nvidia.com/gpu: {gpus}}}}}
+",
+            env.shell
+        )
+    };
+    env.apply(id, &(pod("gpu", 1) + "---\n" + &pod("two-gpus", 2)));
+    eventually_or(
+        "pod gpu: Running",
+        Duration::from_secs(120),
+        || {
+            (env.kubectl_ok(id, &["get", "pod", "gpu", "-o", "jsonpath={.status.phase}"]) == "Running")
+                .then_some(())
+        },
+        || env.diagnose(id),
+    );
+    let seen = exec_ok(
+        env,
+        id,
+        "gpu",
+        "ls -l /dev/nvidia0 | awk '{print $1, $5, $6}'; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES/$CUDA_VISIBLE_DEVICES; nvidia-smi",
+    );
+    assert!(seen.contains("crw") && seen.contains("195, 0"), "the GPU's device node: {seen}");
+    assert!(seen.contains("VISIBLE=0/0") && seen.contains("fake nvidia-smi: fake NVML"), "{seen}");
+    let refused = eventually_or(
+        "pod two-gpus: refused",
+        Duration::from_secs(60),
+        || {
+            let out = env.kubectl_ok(
+                id,
+                &["get", "pod", "two-gpus", "-o", "jsonpath={.status.phase} {.status.reason}"],
+            );
+            out.starts_with("Failed").then_some(out)
+        },
+        || env.diagnose(id),
+    );
+    assert_eq!(refused, "Failed UnexpectedAdmissionError");
+    env.kubectl_ok(id, &["delete", "pod", "gpu", "two-gpus", "--wait=false"]);
+}
+
 /// Shared storage: an RWX volume of `hpk-shared` (the job's `--shared-volumes`) written on
 /// node1 is read on node3, and is the user's on the host.
 fn shared_storage(env: &SlurmEnv, id: u32, shared: &std::path::Path) {
@@ -374,6 +429,7 @@ async fn end_to_end(ids: Ids) {
     images_of_several_owners(&env, id);
     users_files(&env, id);
     shared_storage(&env, id, &shared);
+    gpus_in_pods(&env, id);
 
     // A Deployment of 6 spread over the 3 nodes, behind a ClusterIP Service.
     env.apply(

@@ -21,6 +21,7 @@
 //! enters its own user namespace ([`ids`]: one ID or several) and a private mount namespace.
 
 pub mod binds;
+pub mod gpus;
 pub mod ids;
 pub mod publish;
 pub mod spec;
@@ -502,6 +503,19 @@ fn prepare_and_start(
         tracing::warn!("{warning}");
     }
     let views = binds::stage(&user_binds, &hidden, &binds_root(&node_dir))?;
+    // The allocation's GPUs (runtime bubbles of connector mode give none).
+    let gpus = match args.role {
+        Role::Runtime => None,
+        Role::Controller | Role::Worker => {
+            let env = |k: &str| std::env::var(k).ok();
+            let ids = gpus::allocated(&env)?;
+            let host_dirs: Vec<PathBuf> = hpk_cdi::SPEC_DIRS.iter().map(PathBuf::from).collect();
+            gpus::stage(&node_dir, &ids, &gpus::host(&env), &host_dirs)?
+        }
+    };
+    if let Some(staged) = &gpus {
+        println!("hpk: node {}: GPUs {:?}, described by {}", args.node, staged.ids, staged.source);
+    }
     let unpacked = image::unpack(&args.image, &cluster::image_cache())?;
     tracing::info!(image = %args.image.display(), digest = %unpacked.digest, "image ready");
     // crun and slirp4netns come from the image, never from the host.
@@ -585,6 +599,7 @@ fn prepare_and_start(
             .zip(&user_binds)
             .map(|(view, b)| (view.clone(), b.dest.clone(), b.readonly))
             .collect(),
+        gpus: gpus.map(|g| g.binds).unwrap_or_default(),
     });
     let bundle = node_dir.join("bundle");
     cluster::write_file(

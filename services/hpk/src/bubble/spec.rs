@@ -52,6 +52,8 @@ pub struct BubbleSpec<'a> {
     /// The user's paths: (the launcher's view of the host path, where the bubble sees it,
     /// read-only).
     pub binds: Vec<(std::path::PathBuf, std::path::PathBuf, bool)>,
+    /// The GPUs' device nodes and driver files ([`super::gpus`]).
+    pub gpus: Vec<super::gpus::GpuBind>,
 }
 
 /// The ID mappings for a bubble started by `uid`/`gid`: the user is root inside; with a
@@ -97,6 +99,16 @@ pub fn config(spec: &BubbleSpec<'_>) -> Value {
                 options.push("ro");
             }
             mounts.push(json!({"destination": dest, "type": "bind", "source": view, "options": options}));
+        }
+    }
+    // GPUs: device nodes bound as they are (a device node needs a mount without nodev),
+    // driver files read-only.
+    if let Some(mounts) = config.pointer_mut("/mounts").and_then(Value::as_array_mut) {
+        for gpu in &spec.gpus {
+            let options: &[&str] = if gpu.device { &["bind"] } else { &["bind", "nosuid", "nodev", "ro"] };
+            mounts.push(
+                json!({"destination": gpu.dest, "type": "bind", "source": gpu.source, "options": options}),
+            );
         }
     }
     // A TUN device elsewhere than /dev/net/tun (tests) is bound in place of the device node.
@@ -219,6 +231,7 @@ mod tests {
     fn the_root_filesystem_is_read_only_and_nothing_is_masked() {
         let spec = BubbleSpec {
             binds: Vec::new(),
+            gpus: Vec::new(),
             rootfs: Path::new("/images/x/rootfs"),
             hostname: "hpk-1",
             args: vec!["/usr/local/bin/hpk".into(), "bubble-init".into()],

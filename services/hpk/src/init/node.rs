@@ -129,6 +129,7 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         format!("--client-ca-file={}", p(&shared.join("client-ca.crt"))),
         format!("--cluster-dns={CLUSTER_DNS_IP}"),
         format!("--cluster-domain={CLUSTER_DOMAIN}"),
+        format!("--cdi-spec-dir={}", crate::bubble::gpus::CDI_DIR),
     ];
     kubelet.extend(host_path_args(args));
     kubelet.extend(args.options.kubelet_args.iter().cloned());
@@ -169,6 +170,7 @@ pub(super) fn runtime_args(args: &InitArgs, nf_socket: &str) -> Vec<String> {
         format!("--root={}", Path::new(NODE_DIR).join("runtime").display()),
         "--pause-binary=/usr/local/bin/hpk-pause".into(),
         format!("--net-forwarder-socket={nf_socket}"),
+        format!("--cdi-spec-dir={}", crate::bubble::gpus::CDI_DIR),
     ];
     runtime.extend(args.options.insecure_registries.iter().map(|r| format!("--insecure-registry={r}")));
     runtime

@@ -136,7 +136,7 @@ impl Env {
         cmd.output().expect("run hpk up")
     }
 
-    fn up_command(&self, name: &str, nodes: u16) -> Command {
+    pub fn up_command(&self, name: &str, nodes: u16) -> Command {
         self.clusters.lock().expect("lock").push(name.to_owned());
         let registry = format!("--insecure-registry={}", self.registry.host_port());
         let coredns = format!("--coredns-image={}", self.coredns);

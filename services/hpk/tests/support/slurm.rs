@@ -132,7 +132,10 @@ impl SlurmEnv {
             .arg(format!("--local-path-helper-image={}", self.shell))
             .arg("--kubelet-arg=--disk-pressure-percent=1")
             .args(hpk_args)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            // The harness's GPUs (gres.conf) and fake driver, where a site has /dev and /.
+            .env("HPK_NVIDIA_DEV_DIR", self.slurm.gpu_dev_dir())
+            .env("HPK_NVIDIA_DRIVER_ROOT", self.slurm.gpu_driver_root());
     }
 
     fn sbatch(&self, mut cmd: Command) -> Result<u32, String> {
