@@ -25,7 +25,9 @@ fn pods_on_nodes(env: &Env, cluster: &str, selector: &str) -> Vec<(String, Strin
 }
 
 /// `kubectl top` through the metrics-server `hpk up` deployed: both nodes and the ticker pods
-/// with figures, within 90 s of `hpk up` returning.
+/// with figures, within 90 s of `hpk up` returning, and an idle pod too (`sleep`, which has used
+/// less than a clock tick of CPU: the runtime counts run time in nanoseconds, so it is not a
+/// zero, which metrics-server would leave out).
 fn kubectl_top_shows_both_nodes(env: &Env, up_at: std::time::Instant) {
     let figures = |args: &[&str]| -> Option<Vec<(String, String, String)>> {
         let out = env.kubectl("demo", args);
@@ -66,15 +68,17 @@ fn kubectl_top_shows_both_nodes(env: &Env, up_at: std::time::Instant) {
             "{pods:?}"
         );
     }
+    let idle = eventually("kubectl top pods: the idle pod", Duration::from_secs(60), || {
+        figures(&["top", "pods", "-l", "app=idle", "--no-headers"]).filter(|rows| rows.len() == 1)
+    });
+    assert!(idle.iter().all(|(pod, cpu, _)| pod == "idle" && millicores(cpu).is_some()), "{idle:?}");
 }
 
 /// A HorizontalPodAutoscaler on CPU, fed by the metrics-server `hpk up` deployed: a Deployment
 /// whose pods keep a little CPU busy (each far above its 10m request) until a set time goes
 /// from 1 to 3 replicas, then, once its pods are idle, back to 1 (no stabilization window, so
 /// the test need not wait upstream's 5 minutes). The same pods go idle, as in a service whose
-/// load ends. (Pods rolled out idle instead got no metrics at all and the HPA could not compute
-/// a count: the runtime counts a process's CPU in clock ticks, so one that has not yet used
-/// 10 ms reports zero, which metrics-server leaves out — most likely; see docs/benchmarks.md.)
+/// load ends.
 fn an_hpa_scales_up_under_load_and_back_down(env: &Env) {
     const BUSY: Duration = Duration::from_secs(100);
     let busy_until = (std::time::SystemTime::now() + BUSY)
@@ -194,6 +198,13 @@ async fn two_nodes_run_workloads_and_down_leaves_nothing() {
         &format!(
             "{web}---
 {service}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: idle, labels: {{app: idle}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers: [{{name: idle, image: {shell}, command: [sleep, '3600']}}]
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: ticker}}
@@ -229,6 +240,7 @@ spec:
     };
     let web = running("app=web", 4);
     let ticker = running("app=ticker", 2);
+    running("app=idle", 1);
     let web_nodes: std::collections::BTreeSet<&str> = web.iter().map(|p| p.1.as_str()).collect();
     assert_eq!(web_nodes.len(), 2, "the Deployment spreads over both nodes: {web:?}");
     kubectl_top_shows_both_nodes(&env, up_at);

@@ -48,8 +48,11 @@ impl CpuSamples {
 /// What one process uses.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Usage {
-    /// User + system time, its own and its reaped children's, in clock ticks.
-    ticks: u64,
+    /// CPU time in nanoseconds: user + system time, its own and its reaped children's, counted
+    /// in clock ticks, or, when more, its main thread's run time from `/proc/<pid>/schedstat`
+    /// (in nanoseconds, so a process that has run for less than a tick still shows) plus its
+    /// children's ticks.
+    nanos: u64,
     resident: u64,
     anonymous: u64,
     minor_faults: u64,
@@ -59,7 +62,7 @@ pub(crate) struct Usage {
 
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, o: Self) {
-        self.ticks += o.ticks;
+        self.nanos += o.nanos;
         self.resident += o.resident;
         self.anonymous += o.anonymous;
         self.minor_faults += o.minor_faults;
@@ -68,8 +71,9 @@ impl std::ops::AddAssign for Usage {
     }
 }
 
-/// Parses `/proc/<pid>/stat` and the `Rss*` lines of `/proc/<pid>/status`.
-pub(crate) fn parse_usage(stat: &str, status: &str) -> Option<Usage> {
+/// Parses `/proc/<pid>/stat`, the `Rss*` lines of `/proc/<pid>/status` and, if read,
+/// `/proc/<pid>/schedstat` (run time in nanoseconds, wait time, time slices).
+pub(crate) fn parse_usage(stat: &str, status: &str, schedstat: Option<&str>) -> Option<Usage> {
     let stat = hpk_node_resources::procfs::PidStat::parse(stat)?;
     let kib = |name: &str| -> u64 {
         status
@@ -80,8 +84,13 @@ pub(crate) fn parse_usage(stat: &str, status: &str) -> Option<Usage> {
             .unwrap_or(0)
             * 1024
     };
+    let tick = 1_000_000_000 / ticks_per_second();
+    let ticks = (stat.utime + stat.stime + stat.cutime + stat.cstime).saturating_mul(tick);
+    let run = schedstat
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|ns| ns.saturating_add((stat.cutime + stat.cstime).saturating_mul(tick)));
     Some(Usage {
-        ticks: stat.utime + stat.stime + stat.cutime + stat.cstime,
+        nanos: run.map_or(ticks, |run| run.max(ticks)),
         resident: kib("VmRSS:"),
         anonymous: kib("RssAnon:"),
         minor_faults: stat.minor_faults,
@@ -93,7 +102,8 @@ pub(crate) fn parse_usage(stat: &str, status: &str) -> Option<Usage> {
 fn usage_of(host_pid: i32) -> Option<Usage> {
     let stat = std::fs::read_to_string(format!("/proc/{host_pid}/stat")).ok()?;
     let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
-    parse_usage(&stat, &status)
+    let schedstat = std::fs::read_to_string(format!("/proc/{host_pid}/schedstat")).ok();
+    parse_usage(&stat, &status, schedstat.as_deref())
 }
 
 /// Usage of the sandbox's processes: all of them, and per mount namespace (container).
@@ -163,7 +173,7 @@ pub(crate) fn parse_net_dev(text: &str, timestamp: i64) -> cri::NetworkUsage {
 
 impl Runtime {
     fn cpu(&self, id: &str, now: i64, usage: &Usage) -> cri::CpuUsage {
-        let nanos = usage.ticks.saturating_mul(1_000_000_000 / ticks_per_second());
+        let nanos = usage.nanos;
         cri::CpuUsage {
             timestamp: now,
             usage_core_nano_seconds: Some(cri::UInt64Value { value: nanos }),
@@ -330,12 +340,22 @@ mod tests {
         // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime ...
         let stat = "42 (sh (x)) S 1 42 42 0 -1 4194560 120 0 3 0 7 5 2 1 20 0 1 0 100 2000 300";
         let status = "Name:\tsh\nVmRSS:\t    1200 kB\nRssAnon:\t     200 kB\n";
-        let usage = parse_usage(stat, status).expect("parses");
-        assert_eq!(usage.ticks, 7 + 5 + 2 + 1);
+        let tick = 1_000_000_000 / ticks_per_second();
+        let usage = parse_usage(stat, status, None).expect("parses");
+        assert_eq!(usage.nanos, (7 + 5 + 2 + 1) * tick);
+        // A process that has run for less than a tick: its run time in nanoseconds, plus its
+        // reaped children's ticks; never less than the ticks say.
+        let fresh = "42 (sleep) S 1 42 42 0 -1 4194560 120 0 3 0 0 0 2 1 20 0 1 0 100 2000 300";
+        let usage = parse_usage(fresh, status, Some("734512 20001 3\n")).expect("parses");
+        assert_eq!(usage.nanos, 734_512 + 3 * tick);
+        let usage = parse_usage(stat, status, Some("5 0 1\n")).expect("parses");
+        assert_eq!(usage.nanos, (7 + 5 + 2 + 1) * tick, "the larger of the two");
+        let usage = parse_usage(stat, status, Some("garbage")).expect("parses");
+        assert_eq!(usage.nanos, (7 + 5 + 2 + 1) * tick);
         assert_eq!(usage.resident, 1200 * 1024);
         assert_eq!(usage.anonymous, 200 * 1024);
         assert_eq!((usage.minor_faults, usage.major_faults), (120, 3));
-        assert_eq!(parse_usage("garbage", status), None);
+        assert_eq!(parse_usage("garbage", status, None), None);
     }
 
     #[test]
