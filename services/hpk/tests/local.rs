@@ -74,83 +74,6 @@ fn kubectl_top_shows_both_nodes(env: &Env, up_at: std::time::Instant) {
     assert!(idle.iter().all(|(pod, cpu, _)| pod == "idle" && millicores(cpu).is_some()), "{idle:?}");
 }
 
-/// A HorizontalPodAutoscaler on CPU, fed by the metrics-server `hpk up` deployed: a Deployment
-/// whose pods keep a little CPU busy (each far above its 10m request) until a set time goes
-/// from 1 to 3 replicas, then, once its pods are idle, back to 1 (no stabilization window, so
-/// the test need not wait upstream's 5 minutes). The same pods go idle, as in a service whose
-/// load ends.
-fn an_hpa_scales_up_under_load_and_back_down(env: &Env) {
-    const BUSY: Duration = Duration::from_secs(100);
-    let busy_until = (std::time::SystemTime::now() + BUSY)
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    env.apply(
-        "demo",
-        &format!(
-            "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: load}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: load}}}}
-  template:
-    metadata: {{labels: {{app: load}}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: load
-        image: {shell}
-        env: [{{name: BUSY_UNTIL, value: \"{until}\"}}]
-        command: [sh, -c, 'while [ $(date +%s) -lt $BUSY_UNTIL ]; do sleep 0.01; done; exec sleep 3600']
-        resources: {{requests: {{cpu: 10m}}}}
----
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata: {{name: load}}
-spec:
-  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: load}}
-  minReplicas: 1
-  maxReplicas: 3
-  metrics:
-  - type: Resource
-    resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
-  behavior:
-    scaleDown:
-      stabilizationWindowSeconds: 0
-      policies: [{{type: Percent, value: 100, periodSeconds: 15}}]
-",
-            shell = env.shell,
-            until = busy_until,
-        ),
-    );
-    let replicas =
-        || env.kubectl_ok("demo", &["get", "deployment", "load", "-o", "jsonpath={.spec.replicas}"]);
-    let hpa = || env.kubectl_ok("demo", &["describe", "hpa", "load"]);
-    let started = std::time::Instant::now();
-    eventually_or(
-        "the HPA scales load to 3 while it is busy",
-        BUSY,
-        || (replicas() == "3").then_some(()),
-        hpa,
-    );
-    eprintln!(
-        "HPA: 1 → 3 replicas {:.1} s after the Deployment was applied",
-        started.elapsed().as_secs_f64()
-    );
-    eventually_or(
-        "the HPA scales load back to 1 once it is idle",
-        BUSY.saturating_sub(started.elapsed()) + Duration::from_secs(150),
-        || (replicas() == "1").then_some(()),
-        hpa,
-    );
-    eprintln!(
-        "HPA: 3 → 1 replica {:.1} s after the load stopped",
-        started.elapsed().saturating_sub(BUSY).as_secs_f64()
-    );
-    env.kubectl_ok("demo", &["delete", "hpa,deployment", "load"]);
-}
-
 /// Every bubble's slirp4netns (the image's, which parses all pod egress) runs confined: a
 /// seccomp filter, and a mount namespace of its own apart from its launcher's (review L14).
 fn slirp4netns_is_sandboxed(env: &Env) {
@@ -244,7 +167,12 @@ spec:
     let web_nodes: std::collections::BTreeSet<&str> = web.iter().map(|p| p.1.as_str()).collect();
     assert_eq!(web_nodes.len(), 2, "the Deployment spreads over both nodes: {web:?}");
     kubectl_top_shows_both_nodes(&env, up_at);
-    an_hpa_scales_up_under_load_and_back_down(&env);
+    support::an_hpa_scales_up_under_load_and_back_down(
+        &|manifest| env.apply("demo", manifest),
+        &|args| env.kubectl_ok("demo", args),
+        &env.shell,
+        Duration::from_secs(100),
+    );
 
     for (pod, node, _, _) in &ticker {
         // logs -f streams new lines as they are written.

@@ -10,7 +10,8 @@
 //!   several (subordinate ranges), ended by `scancel`: the Nodes are the allocation, an image
 //!   whose files belong to several users runs on every node, the user's files and storage
 //!   (a StatefulSet on node-local volumes provisioned on demand, an RWX volume shared by pods
-//!   on two nodes) reach pods;
+//!   on two nodes) reach pods, the allocation's GPU reaches a pod that asks for it, and
+//!   `kubectl top` and an HPA work;
 //! - faults: the API server restarted, a worker's bubble killed;
 //! - the job's time limit: a graceful end with preStop hooks run;
 //! - bad input: more nodes than the partition, two clusters on the same hosts, and each
@@ -613,6 +614,27 @@ spec:
             .and_then(|m| m.parse::<u64>().ok());
         assert!(line.starts_with("node") && cpu.is_some(), "kubectl top nodes: {top}");
     }
+    // And pods: the add-ons', each with figures; then an HPA on CPU, 1 → 3 → 1.
+    let pods = eventually_or(
+        "kubectl top pods: CoreDNS's, metrics-server's, the provisioner's",
+        Duration::from_secs(90),
+        || {
+            let out = env.kubectl(id, &["top", "pods", "-n", "kube-system", "--no-headers"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            (out.status.success() && text.lines().count() >= 4).then_some(text)
+        },
+        || env.diagnose(id),
+    );
+    for line in pods.lines() {
+        let figures: Vec<&str> = line.split_whitespace().collect();
+        assert!(figures.len() == 3 && figures[1].ends_with('m') && figures[2].ends_with("Mi"), "{pods}");
+    }
+    support::an_hpa_scales_up_under_load_and_back_down(
+        &|manifest| env.apply(id, manifest),
+        &|args| env.kubectl_ok(id, args),
+        &env.shell,
+        Duration::from_secs(60),
+    );
 
     // A Job with parallelism 3.
     env.apply(

@@ -460,3 +460,80 @@ pub fn bubble_processes(cluster: &str, node: &str) -> Vec<(u32, String)> {
     };
     procs.iter().filter(|(_, _, u)| u == ns).map(|(p, c, _)| (*p, c.clone())).collect()
 }
+
+/// A HorizontalPodAutoscaler on CPU, fed by the metrics-server the cluster deployed (`apply`
+/// and `kubectl` reach it): a Deployment
+/// whose pods keep a little CPU busy (each far above its 10m request) until a set time goes
+/// from 1 to 3 replicas, then, once its pods are idle, back to 1 (no stabilization window, so
+/// the test need not wait upstream's 5 minutes). The same pods go idle, as in a service whose
+/// load ends.
+pub fn an_hpa_scales_up_under_load_and_back_down(
+    apply: &dyn Fn(&str),
+    kubectl: &dyn Fn(&[&str]) -> String,
+    shell: &str,
+    busy: Duration,
+) {
+    let busy_until = (std::time::SystemTime::now() + busy)
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    apply(&format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: load}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: load}}}}
+  template:
+    metadata: {{labels: {{app: load}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: load
+        image: {shell}
+        env: [{{name: BUSY_UNTIL, value: \"{until}\"}}]
+        command: [sh, -c, 'while [ $(date +%s) -lt $BUSY_UNTIL ]; do sleep 0.01; done; exec sleep 3600']
+        resources: {{requests: {{cpu: 10m}}}}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {{name: load}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: load}}
+  minReplicas: 1
+  maxReplicas: 3
+  metrics:
+  - type: Resource
+    resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
+  behavior:
+    scaleDown:
+      stabilizationWindowSeconds: 0
+      policies: [{{type: Percent, value: 100, periodSeconds: 15}}]
+",
+        until = busy_until,
+    ));
+    let replicas = || kubectl(&["get", "deployment", "load", "-o", "jsonpath={.spec.replicas}"]);
+    let hpa = || kubectl(&["describe", "hpa", "load"]);
+    let started = std::time::Instant::now();
+    eventually_or(
+        "the HPA scales load to 3 while it is busy",
+        busy,
+        || (replicas() == "3").then_some(()),
+        hpa,
+    );
+    eprintln!(
+        "HPA: 1 → 3 replicas {:.1} s after the Deployment was applied",
+        started.elapsed().as_secs_f64()
+    );
+    eventually_or(
+        "the HPA scales load back to 1 once it is idle",
+        busy.saturating_sub(started.elapsed()) + Duration::from_secs(150),
+        || (replicas() == "1").then_some(()),
+        hpa,
+    );
+    eprintln!(
+        "HPA: 3 → 1 replica {:.1} s after the load stopped",
+        started.elapsed().saturating_sub(busy).as_secs_f64()
+    );
+    kubectl(&["delete", "hpa,deployment", "load"]);
+}
