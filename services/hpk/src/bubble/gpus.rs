@@ -22,6 +22,9 @@ pub const CDI_DIR: &str = "/var/lib/hpk/cdi";
 /// Where the bubble sees the GPUs' device nodes and driver files (a tmpfs of the bubble's,
 /// `/run`: nothing is made in the image).
 pub const BUBBLE_DIR: &str = "/run/hpk-gpu";
+/// The variables the kubelet sets for a container's GPUs, which no spec's may replace.
+const KUBELET_SETS: [&str; 2] = ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"];
+
 /// The spec's file name in the node directory's `cdi/`.
 pub const SPEC_FILE: &str = "hpk-nvidia.json";
 
@@ -173,6 +176,11 @@ pub fn stage(
         for mount in &mut edits.mounts {
             mount.host_path = rebind(&mount.host_path, false);
         }
+        // The kubelet numbers the devices inside each pod; a host spec's own value (NVIDIA's
+        // says `void`, for its hook) would replace that.
+        edits
+            .env
+            .retain(|e| !KUBELET_SETS.iter().any(|k| e.split_once('=').is_some_and(|(key, _)| key == *k)));
         // Hooks name the host's programs, which the bubble does not have.
         for hook in std::mem::take(&mut edits.hooks) {
             tracing::warn!(hook = %hook.path, "the host's CDI hook is not run in the bubble");
@@ -284,7 +292,8 @@ mod tests {
         std::fs::create_dir(&etc).expect("mkdir");
         let own = format!(
             r#"{{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{{"name":"1","containerEdits":{{"deviceNodes":[{{"path":"/dev/nvidia1","hostPath":"{}"}}]}}}}],
-                "containerEdits":{{"hooks":[{{"hookName":"createContainer","path":"/usr/bin/nvidia-ctk"}}]}}}}"#,
+                "containerEdits":{{"env":["NVIDIA_VISIBLE_DEVICES=void","NVIDIA_DRIVER_CAPABILITIES=all"],
+                                   "hooks":[{{"hookName":"createContainer","path":"/usr/bin/nvidia-ctk"}}]}}}}"#,
             dev.join("nvidia1").display()
         );
         std::fs::write(etc.join("nvidia.json"), own).expect("write");
@@ -293,6 +302,7 @@ mod tests {
         assert_eq!(staged.binds.len(), 1, "{staged:?}");
         let text = std::fs::read_to_string(node_dir.join("cdi").join(SPEC_FILE)).expect("spec");
         assert!(!text.contains("nvidia-ctk"), "{text}");
+        assert!(!text.contains("void") && text.contains("NVIDIA_DRIVER_CAPABILITIES=all"), "{text}");
         // Not every GPU in it: made from the host instead.
         let staged = stage(&node_dir, &[0, 1], &host, &[etc]).expect("stage").expect("GPUs");
         assert!(staged.source.starts_with("made from"), "{}", staged.source);
