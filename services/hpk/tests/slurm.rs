@@ -10,7 +10,7 @@
 //!   several (subordinate ranges), ended by `scancel`: the Nodes are the allocation, an image
 //!   whose files belong to several users runs on every node, the user's files and storage
 //!   (a StatefulSet on node-local volumes provisioned on demand, an RWX volume shared by pods
-//!   on two nodes) reach pods, the allocation's GPU reaches a pod that asks for it, and
+//!   on two nodes) reach pods, the allocation's GPUs reach the pods that ask for them, and
 //!   `kubectl top` and an HPA work;
 //! - faults: the API server restarted, a worker's bubble killed;
 //! - the job's time limit: a graceful end with preStop hooks run;
@@ -272,9 +272,11 @@ spec:
     assert_eq!(std::fs::read_to_string(home.join("inputs/data")).expect("inputs").trim(), "reference");
 }
 
-/// The allocation's GPU (`--gres=gpu:1`: the harness's character device 195:0 and fake
-/// driver) in a pod that asks for it: the device, the driver's tool and library, the
-/// variables; asking for more than the node has is refused at admission.
+/// The allocation's GPUs (`--gres=gpu:2`: the harness's character devices 195:0 and 195:1
+/// and fake driver) in pods that ask for them: two one-GPU pods on node2 get different devices,
+/// each with the driver's tool and library and the variables numbered from 0; asking for
+/// more than is free on the node, by a third pod or by one that wants three, is refused at
+/// admission.
 fn gpus_in_pods(env: &SlurmEnv, id: u32) {
     let pod = |name: &str, gpus: u32| {
         format!(
@@ -293,38 +295,47 @@ spec:
             env.shell
         )
     };
-    env.apply(id, &(pod("gpu", 1) + "---\n" + &pod("two-gpus", 2)));
-    eventually_or(
-        "pod gpu: Running",
-        Duration::from_secs(120),
-        || {
-            (env.kubectl_ok(id, &["get", "pod", "gpu", "-o", "jsonpath={.status.phase}"]) == "Running")
-                .then_some(())
-        },
-        || env.diagnose(id),
-    );
-    let seen = exec_ok(
-        env,
-        id,
-        "gpu",
-        "ls -l /dev/nvidia0 | awk '{print $1, $5, $6}'; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES/$CUDA_VISIBLE_DEVICES; nvidia-smi",
-    );
-    assert!(seen.contains("crw") && seen.contains("195, 0"), "the GPU's device node: {seen}");
-    assert!(seen.contains("VISIBLE=0/0") && seen.contains("fake nvidia-smi: fake NVML"), "{seen}");
-    let refused = eventually_or(
-        "pod two-gpus: refused",
-        Duration::from_secs(60),
-        || {
-            let out = env.kubectl_ok(
-                id,
-                &["get", "pod", "two-gpus", "-o", "jsonpath={.status.phase} {.status.reason}"],
-            );
-            out.starts_with("Failed").then_some(out)
-        },
-        || env.diagnose(id),
-    );
-    assert_eq!(refused, "Failed UnexpectedAdmissionError");
-    env.kubectl_ok(id, &["delete", "pod", "gpu", "two-gpus", "--wait=false"]);
+    env.apply(id, &(pod("gpu-a", 1) + "---\n" + &pod("gpu-b", 1)));
+    let mut devices = Vec::new();
+    for name in ["gpu-a", "gpu-b"] {
+        eventually_or(
+            &format!("pod {name}: Running"),
+            Duration::from_secs(120),
+            || {
+                (env.kubectl_ok(id, &["get", "pod", name, "-o", "jsonpath={.status.phase}"]) == "Running")
+                    .then_some(())
+            },
+            || env.diagnose(id),
+        );
+        let seen = exec_ok(
+            env,
+            id,
+            name,
+            "ls -l /dev/nvidia[0-9]* | awk '{print $1, $5, $6}'; \
+             echo VISIBLE=$NVIDIA_VISIBLE_DEVICES/$CUDA_VISIBLE_DEVICES; nvidia-smi",
+        );
+        let nodes: Vec<&str> = seen.lines().filter(|l| l.starts_with("crw")).collect();
+        assert_eq!(nodes.len(), 1, "{name} sees exactly its GPU: {seen}");
+        assert!(nodes[0].contains("195, "), "{seen}");
+        assert!(seen.contains("VISIBLE=0/0") && seen.contains("fake nvidia-smi: fake NVML"), "{seen}");
+        devices.push(nodes[0].to_owned());
+    }
+    assert_ne!(devices[0], devices[1], "two pods share a GPU: {devices:?}");
+    env.apply(id, &(pod("gpu-c", 1) + "---\n" + &pod("three-gpus", 3)));
+    for name in ["gpu-c", "three-gpus"] {
+        let refused = eventually_or(
+            &format!("pod {name}: refused"),
+            Duration::from_secs(60),
+            || {
+                let out = env
+                    .kubectl_ok(id, &["get", "pod", name, "-o", "jsonpath={.status.phase} {.status.reason}"]);
+                out.starts_with("Failed").then_some(out)
+            },
+            || env.diagnose(id),
+        );
+        assert_eq!(refused, "Failed UnexpectedAdmissionError", "{name}");
+    }
+    env.kubectl_ok(id, &["delete", "pod", "gpu-a", "gpu-b", "gpu-c", "three-gpus", "--wait=false"]);
 }
 
 /// Shared storage: an RWX volume of `hpk-shared` (the job's `--shared-volumes`) written on
@@ -405,7 +416,7 @@ async fn end_to_end(ids: Ids) {
     let t0 = Instant::now();
     let id = env
         .submit_with(
-            &["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:1"],
+            &["--nodes=3", "--cpus-per-task=2", "--mem=3G", "--gres=gpu:2"],
             &[&bind, &shared_volumes],
         )
         .expect("sbatch");
