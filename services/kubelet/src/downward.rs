@@ -38,10 +38,10 @@ pub enum DownwardError {
     /// `containerName` names no container of the pod.
     #[error("resourceFieldRef names container {0:?}, which the pod does not have")]
     NoSuchContainer(String),
-    /// A quantity (divisor or the container's own) does not parse, or the divisor is zero.
+    /// A quantity (divisor or the container's own) does not parse.
     #[error("resourceFieldRef: {0}")]
     Quantity(#[from] InvalidQuantity),
-    /// A zero or negative divisor.
+    /// A negative divisor (zero means 1).
     #[error("resourceFieldRef divisor {0:?} must be positive")]
     Divisor(String),
 }
@@ -147,8 +147,12 @@ pub fn resource_value(
         None if limits => allocatable,
         None => 0,
     };
-    let divisor_value = if is_cpu { quantity::millicores(&divisor)? } else { quantity::units(&divisor)? };
-    if divisor_value <= 0 {
+    let mut divisor_value = if is_cpu { quantity::millicores(&divisor)? } else { quantity::units(&divisor)? };
+    // A zero divisor is what the API server stores when none was given ("0"): it means 1.
+    if divisor_value == 0 {
+        divisor_value = if is_cpu { 1000 } else { 1 };
+    }
+    if divisor_value < 0 {
         return Err(DownwardError::Divisor(divisor.0));
     }
     // CPU rounds up to at least 1 core-unit of the divisor, as the kubelet does.
@@ -223,6 +227,8 @@ mod tests {
         assert_eq!(resource("side", "limits.cpu", None).as_deref(), Ok("4"), "node allocatable");
         assert_eq!(resource("side", "requests.cpu", None).as_deref(), Ok("0"));
         assert!(matches!(resource("main", "limits.gpu", None), Err(DownwardError::UnsupportedResource(_))));
-        assert!(matches!(resource("main", "limits.cpu", Some("0")), Err(DownwardError::Divisor(_))));
+        assert_eq!(resource("main", "limits.cpu", Some("0")).as_deref(), Ok("1"), "a zero divisor is 1");
+        assert_eq!(resource("main", "limits.memory", Some("0")).as_deref(), Ok("67108864"));
+        assert!(matches!(resource("main", "limits.cpu", Some("-1")), Err(DownwardError::Divisor(_))));
     }
 }

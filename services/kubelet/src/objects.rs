@@ -4,11 +4,25 @@
 use std::future::Future;
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+/// How long a container start waits for the first list of Services before it fails (and is
+/// retried), as the kubelet refuses to make service-link variables before it has them.
+const SERVICES_WAIT: Duration = Duration::from_secs(10);
+
+/// The Services have not been read from the API server yet.
+#[derive(Debug, thiserror::Error)]
+#[error("services have not yet been read at least once, cannot construct envvars")]
+pub struct ServicesNotRead;
 
 /// A service-account token as the TokenRequest API returned it.
 #[derive(Clone, Debug)]
@@ -55,18 +69,44 @@ pub trait ObjectSource: Send + Sync {
         audiences: Vec<String>,
         expiration_seconds: i64,
     ) -> impl Future<Output = Result<Token, kube::Error>> + Send;
+    /// Every Service of the cluster (for the containers' service-link variables), as last
+    /// seen; an error until they have been read once.
+    fn services(&self) -> impl Future<Output = Result<Vec<Arc<Service>>, ServicesNotRead>> + Send;
 }
 
-/// [`ObjectSource`] over the API server.
+/// [`ObjectSource`] over the API server; Services from a watch of all of them (the Node
+/// authorizer lets a node list and watch Services), as the kubelet keeps them.
 #[derive(Clone)]
 pub struct ApiObjects {
     client: kube::Client,
+    services: reflector::Store<Service>,
 }
 
 impl ApiObjects {
-    /// Reads through `client` (the node's identity).
+    /// Reads through `client` (the node's identity), and starts the watch of Services; it
+    /// runs, backing off and retrying on errors, as long as the process does.
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        let (services, writer) = reflector::store();
+        let watch =
+            watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).default_backoff();
+        tokio::spawn(reflector::reflector(writer, watch).for_each(|event| async move {
+            if let Err(error) = event {
+                tracing::warn!(%error, "service watch interrupted");
+            }
+        }));
+        Self { client, services }
+    }
+
+    /// One whose Services are `services`, read once, with no watch (for tests).
+    #[cfg(test)]
+    pub fn with_services(client: kube::Client, services: Vec<Service>) -> Self {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for service in services {
+            writer.apply_watcher_event(&watcher::Event::InitApply(service));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        Self { client, services: store }
     }
 }
 
@@ -119,6 +159,13 @@ impl ObjectSource for ApiObjects {
         match answer.status {
             Some(status) => Ok(Token { token: status.token, expires: status.expiration_timestamp.0 }),
             None => Err(kube::Error::Service("TokenRequest answered without a status".into())),
+        }
+    }
+
+    async fn services(&self) -> Result<Vec<Arc<Service>>, ServicesNotRead> {
+        match tokio::time::timeout(SERVICES_WAIT, self.services.wait_until_ready()).await {
+            Ok(Ok(())) => Ok(self.services.state()),
+            _ => Err(ServicesNotRead),
         }
     }
 }

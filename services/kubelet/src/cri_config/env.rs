@@ -1,5 +1,6 @@
 //! The container's environment as the kubelet builds it: `envFrom` first, then `env`, each
-//! `value` expanded against what is defined before it.
+//! `value` expanded against what is defined before it (then the service links), then the
+//! service-link variables that neither defined.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -7,6 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
 
 use super::SpecError;
 use super::expand::expand;
+use super::service_env::service_env;
 use crate::downward::{self, PodFacts};
 use crate::objects::ObjectSource;
 
@@ -105,7 +107,9 @@ fn secret_data(secret: &Secret) -> BTreeMap<String, String> {
 /// optional; keys that are not valid names are skipped and listed in
 /// [`ResolvedEnv::skipped`]), then `env` (`value` with `$(VAR)` expansion against what is
 /// defined before it; `valueFrom`: configMapKeyRef, secretKeyRef, fieldRef,
-/// resourceFieldRef). A later definition of a name replaces the earlier value.
+/// resourceFieldRef). A later definition of a name replaces the earlier value. Last, the
+/// service-link variables (see [`service_env`]) of names neither defined; `$(VAR)` finds them
+/// too.
 pub async fn resolve_env(
     pod: &Pod,
     container: &Container,
@@ -117,6 +121,9 @@ pub async fn resolve_env(
         Objects { source: objects, namespace, config_maps: HashMap::new(), secrets: HashMap::new() };
     let mut env = ResolvedEnv::default();
     let mut index = HashMap::new();
+    let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+    let services = objects.source.services().await?;
+    let services = service_env(services.iter().map(AsRef::as_ref), &objects.namespace, links);
 
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.as_deref().unwrap_or_default();
@@ -157,11 +164,30 @@ pub async fn resolve_env(
     }
 
     for var in container.env.iter().flatten() {
-        if let Some(value) = env_value(pod, container, facts, &mut objects, &env, &index, var).await? {
+        let defined = Defined { env: &env, index: &index, services: &services };
+        if let Some(value) = env_value(pod, container, facts, &mut objects, &defined, var).await? {
             env.set(&mut index, var.name.clone(), value);
         }
     }
+    for (name, value) in services {
+        if !index.contains_key(&name) {
+            env.set(&mut index, name, value);
+        }
+    }
     Ok(env)
+}
+
+/// What `$(VAR)` can refer to: the variables defined so far, then the service links.
+struct Defined<'a> {
+    env: &'a ResolvedEnv,
+    index: &'a HashMap<String, usize>,
+    services: &'a BTreeMap<String, String>,
+}
+
+impl Defined<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.index.get(name).map(|&i| self.env.vars[i].1.clone()).or_else(|| self.services.get(name).cloned())
+    }
 }
 
 /// One `env` entry's value; `None` when an optional source is absent (the variable is then
@@ -171,14 +197,12 @@ async fn env_value<O: ObjectSource>(
     container: &Container,
     facts: &PodFacts,
     objects: &mut Objects<'_, O>,
-    env: &ResolvedEnv,
-    index: &HashMap<String, usize>,
+    defined: &Defined<'_>,
     var: &EnvVar,
 ) -> Result<Option<String>, SpecError> {
     let value = var.value.as_deref().unwrap_or_default();
     let Some(from) = var.value_from.as_ref().filter(|_| value.is_empty()) else {
-        let defined = |name: &str| index.get(name).map(|&i| env.vars[i].1.clone());
-        return Ok(Some(expand(value, &defined)));
+        return Ok(Some(expand(value, &|name: &str| defined.get(name))));
     };
     let downward = |source| SpecError::Downward { env: var.name.clone(), source };
     if let Some(field) = &from.field_ref {
@@ -391,6 +415,50 @@ mod tests {
             err.expect_err("unsupported").to_string(),
             r#"env "X": unsupported fieldRef fieldPath "spec.nope""#
         );
+    }
+
+    #[tokio::test]
+    async fn service_links_come_last_yield_to_env_and_expand() {
+        let objects = objects()
+            .with_service(json!({"metadata": {"name": "kubernetes", "namespace": "default"},
+                                 "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443}]}}))
+            .with_service(json!({"metadata": {"name": "web", "namespace": "default"},
+                                 "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 8080}]}}))
+            .with_service(json!({"metadata": {"name": "db", "namespace": "other"},
+                                 "spec": {"clusterIP": "10.96.0.30", "ports": [{"port": 5432}]}}));
+        let container = json!({"name": "c", "image": "i", "env": [
+            {"name": "WEB_SERVICE_HOST", "value": "mine"},
+            {"name": "URL", "value": "http://$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)/$(KUBERNETES_SERVICE_HOST)"}]});
+        let run = |links: Option<bool>| {
+            let mut spec = json!({"containers": [container.clone()]});
+            if let Some(links) = links {
+                spec["enableServiceLinks"] = json!(links);
+            }
+            let pod = pod(spec);
+            let objects = &objects;
+            async move {
+                let c = pod.spec.as_ref().expect("spec").containers[0].clone();
+                resolve_env(&pod, &c, &facts(), objects).await.expect("resolves")
+            }
+        };
+        let env = run(None).await;
+        assert_eq!(
+            &env.vars[..2],
+            [
+                ("WEB_SERVICE_HOST".to_owned(), "mine".to_owned()),
+                ("URL".to_owned(), "http://mine:8080/10.96.0.1".to_owned()),
+            ]
+        );
+        assert_eq!(env.vars.iter().filter(|(k, _)| k == "WEB_SERVICE_HOST").count(), 1);
+        assert_eq!(env.get("WEB_PORT"), Some("tcp://10.96.0.20:8080"));
+        assert_eq!(env.get("KUBERNETES_SERVICE_PORT_HTTPS"), Some("443"));
+        assert_eq!(env.get("DB_SERVICE_HOST"), None, "another namespace's");
+        assert_eq!(env.vars.len(), 2 + 8 + 7 - 1);
+
+        let env = run(Some(false)).await;
+        assert_eq!(env.get("URL"), Some("http://mine:$(WEB_SERVICE_PORT)/10.96.0.1"));
+        assert_eq!(env.get("WEB_PORT"), None);
+        assert_eq!(env.get("KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"), "the API server's always");
     }
 
     #[test]

@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 
-use crate::objects::{ObjectSource, Token};
+use crate::objects::{ObjectSource, ServicesNotRead, Token};
 
 /// A pod from a JSON literal (metadata name `web`, namespace `default`, uid `uid-1` unless given).
 pub fn pod(spec: serde_json::Value) -> Pod {
@@ -21,6 +21,8 @@ pub fn pod(spec: serde_json::Value) -> Pod {
 pub struct FakeObjects {
     pub config_maps: HashMap<String, ConfigMap>,
     pub secrets: HashMap<String, Secret>,
+    /// Every Service of the cluster.
+    pub services: Vec<Service>,
 }
 
 impl FakeObjects {
@@ -38,6 +40,11 @@ impl FakeObjects {
         secret.data =
             Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect());
         self.secrets.insert(name.into(), secret);
+        self
+    }
+
+    pub fn with_service(mut self, service: serde_json::Value) -> Self {
+        self.services.push(serde_json::from_value(service).expect("a valid service"));
         self
     }
 }
@@ -73,5 +80,9 @@ impl ObjectSource for FakeObjects {
         _expiration_seconds: i64,
     ) -> Result<Token, kube::Error> {
         Err(kube::Error::Service("no tokens in this fake".into()))
+    }
+
+    async fn services(&self) -> Result<Vec<std::sync::Arc<Service>>, ServicesNotRead> {
+        Ok(self.services.iter().cloned().map(std::sync::Arc::new).collect())
     }
 }

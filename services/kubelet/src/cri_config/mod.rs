@@ -10,6 +10,7 @@ mod env;
 mod expand;
 mod sandbox;
 mod security;
+mod service_env;
 mod unmapped;
 
 #[cfg(test)]
@@ -81,6 +82,9 @@ pub enum SpecError {
         /// What it asked for.
         what: &'static str,
     },
+    /// The Services (for the service-link variables) have not been read yet.
+    #[error(transparent)]
+    Services(#[from] crate::objects::ServicesNotRead),
     /// A resource quantity of the container that does not parse.
     #[error("container {container}: {resource}: {source}")]
     Quantity {

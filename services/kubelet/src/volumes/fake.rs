@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::objects::{ObjectSource, Token};
+use crate::objects::{ObjectSource, ServicesNotRead, Token};
 
 /// A token request as the fake saw it: namespace, account, pod name, audiences, expiration seconds.
 pub type TokenRequestSeen = (String, String, String, Vec<String>, i64);
@@ -26,6 +26,8 @@ pub struct FakeObjects {
     pub tokens_issued: AtomicU32,
     /// The last token request: namespace, account, pod name, audiences, expiration seconds.
     pub last_token_request: Mutex<Option<TokenRequestSeen>>,
+    /// Every Service of the cluster.
+    pub services: Vec<Service>,
 }
 
 impl FakeObjects {
@@ -104,6 +106,10 @@ impl ObjectSource for FakeObjects {
             Some((namespace.into(), account.into(), pod_name.into(), audiences, expiration_seconds));
         let expires = Timestamp::now() + SignedDuration::from_millis(lifetime_ms);
         Ok(Token { token: format!("token-{n}"), expires })
+    }
+
+    async fn services(&self) -> Result<Vec<std::sync::Arc<Service>>, ServicesNotRead> {
+        Ok(self.services.iter().cloned().map(std::sync::Arc::new).collect())
     }
 }
 

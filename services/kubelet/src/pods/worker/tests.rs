@@ -41,7 +41,7 @@ fn harness(spec: serde_json::Value) -> Harness {
             remote: None,
         },
         runtime: fake.clone(),
-        objects: crate::objects::ApiObjects::new(client.clone()),
+        objects: crate::objects::ApiObjects::with_services(client.clone(), Vec::new()),
         events: crate::events::Events::new(client, "node"),
         node_name: "node".into(),
         host_ip: "10.0.0.1".into(),
