@@ -159,6 +159,37 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 "  terminationGracePeriodSeconds: 10\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'trap \"echo term > /data/term; exit 0\" TERM; while true; do sleep 1; done']\n    lifecycle:\n      preStop:\n        exec: {{command: [sh, -c, 'echo pre > /data/pre']}}\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - name: data\n    hostPath: {{path: {hostdir}/prestop, type: DirectoryOrCreate}}\n"
             ),
         ),
+        pod_manifest(
+            "sidecar",
+            &format!(
+                "  restartPolicy: Never\n  terminationGracePeriodSeconds: 5\n  initContainers:\n  - name: side\n    image: {shell}\n    restartPolicy: Always\n    command: [sh, -c, 'trap \"echo term >> /data/log; exit 0\" TERM; echo start >> /data/log; if [ $(grep -c start /data/log) -lt 2 ]; then sleep 2; exit 1; fi; while true; do sleep 1; done']\n    startupProbe:\n      exec: {{command: [grep, start, /data/log]}}\n      periodSeconds: 1\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  - name: setup\n    image: {shell}\n    command: [sh, -c, 'grep start /data/log && echo setup >> /data/log']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'echo main >> /data/log; sleep 6']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n  - name: data\n    hostPath: {{path: {hostdir}/sidecar, type: DirectoryOrCreate}}\n"
+            ),
+        ),
+        pod_manifest(
+            "deadline",
+            &format!(
+                "  activeDeadlineSeconds: 3\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
+            ),
+        ),
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: links-svc\nspec:\n  selector: {app: nothing}\n  ports:\n  - {name: http, port: 8080}\n  - {name: dns, port: 53, protocol: UDP}\n".to_owned(),
+        pod_manifest(
+            "links",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'echo host=$LINKS_SVC_SERVICE_HOST http=$LINKS_SVC_SERVICE_PORT_HTTP udp=$LINKS_SVC_PORT_53_UDP api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT mem=$MEM; sleep 600']\n    resources:\n      limits: {{memory: 64Mi}}\n    env:\n    - name: MEM\n      valueFrom: {{resourceFieldRef: {{resource: limits.memory}}}}\n"
+            ),
+        ),
+        pod_manifest(
+            "no-links",
+            &format!(
+                "  enableServiceLinks: false\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'echo host=$LINKS_SVC_SERVICE_HOST api=$KUBERNETES_SERVICE_HOST; sleep 600']\n"
+            ),
+        ),
+        pod_manifest(
+            "debug-me",
+            &format!(
+                "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
+            ),
+        ),
         pod_manifest("no-image", &format!("  containers:\n  - name: main\n    image: {missing}\n")),
         pod_manifest(
             "too-big",
@@ -397,6 +428,112 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                     "SIGTERM arrived"
                 );
                 has_events(c, "prestop", &["Killing"]).await;
+            }),
+        ),
+        (
+            "a native sidecar starts first, gates the next init container by its startup probe, restarts, and stops after the container",
+            Box::pin(async {
+                status_is(c, "sidecar", "Completed", long).await;
+                let p = pod(c, "sidecar").await;
+                assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded"));
+                let side = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.init_container_statuses.as_ref())
+                    .and_then(|cs| cs.iter().find(|c| c.name == "side").cloned())
+                    .expect("the sidecar's status");
+                assert!(side.restart_count >= 1, "restarted while the pod ran: {side:?}");
+                let log = std::fs::read_to_string(std::path::Path::new(&hostdir).join("sidecar/log"))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let at = |what: &str| lines.iter().position(|l| *l == what);
+                assert_eq!(lines.first(), Some(&"start"), "{log}");
+                assert!(at("start") < at("setup") && at("setup") < at("main"), "in order: {log}");
+                assert!(lines.iter().filter(|l| **l == "start").count() >= 2, "restarted: {log}");
+                assert_eq!(lines.last(), Some(&"term"), "stopped after the container ended: {log}");
+            }),
+        ),
+        (
+            "activeDeadlineSeconds: the pod fails with DeadlineExceeded",
+            Box::pin(async {
+                let started = std::time::Instant::now();
+                // kubectl's STATUS shows the stopped container's reason; the pod's is in its status.
+                let status = eventually(c, "pod deadline Failed, DeadlineExceeded", long, || async {
+                    let status = pod(c, "deadline").await.status?;
+                    (status.phase.as_deref() == Some("Failed")
+                        && status.reason.as_deref() == Some("DeadlineExceeded"))
+                    .then_some(status)
+                })
+                .await;
+                assert!(status.message.clone().unwrap_or_default().contains("deadline"), "{status:?}");
+                let main = status.container_statuses.unwrap_or_default().into_iter().next().expect("main");
+                assert!(main.state.and_then(|s| s.terminated).is_some(), "its container stopped");
+                assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+                has_events(c, "deadline", &["DeadlineExceeded"]).await;
+            }),
+        ),
+        (
+            "service links: the namespace's Services and the API server's, unless enableServiceLinks is false; a resourceFieldRef without divisor",
+            Box::pin(async {
+                let ip = c.kubectl(&["get", "svc", "links-svc", "-o", "jsonpath={.spec.clusterIP}"]);
+                let api = c.kubectl(&["get", "svc", "kubernetes", "-o", "jsonpath={.spec.clusterIP}"]);
+                status_is(c, "links", "Running", long).await;
+                let p = pod(c, "links").await;
+                let want = format!(
+                    "host={ip} http=8080 udp=udp://{ip}:53 api={api}:443 mem=67108864",
+                    ip = ip.trim(),
+                    api = api.trim()
+                );
+                log_shows(c, &p, "main", &want, Duration::from_secs(20)).await;
+                status_is(c, "no-links", "Running", long).await;
+                let p = pod(c, "no-links").await;
+                log_shows(c, &p, "main", &format!("host= api={}", api.trim()), Duration::from_secs(20)).await;
+            }),
+        ),
+        (
+            "kubectl debug: an ephemeral container beside the pod's, with logs and exec, and -i attached",
+            Box::pin(async {
+                status_is(c, "debug-me", "Running", long).await;
+                let image = format!("--image={shell}");
+                let debug = ["debug", "debug-me", image.as_str(), "--container=dbg", "--"];
+                c.kubectl(&[&debug[..], &["sh", "-c", "echo debugged; sleep 600"]].concat());
+                let running = |name: &'static str| async move {
+                    let p = pod(c, "debug-me").await;
+                    let st = p.status?.ephemeral_container_statuses?.into_iter().find(|s| s.name == name)?;
+                    st.state?.running.map(|_| ())
+                };
+                eventually(c, "ephemeral container dbg running", long, || running("dbg")).await;
+                let p = pod(c, "debug-me").await;
+                log_shows(c, &p, "dbg", "debugged", Duration::from_secs(20)).await;
+                let out = c.kubectl(&["exec", "debug-me", "-c", "dbg", "--", "echo", "exec-ok"]);
+                assert!(out.contains("exec-ok"), "{out}");
+                // -i: kubectl waits for it to run, then attaches its stdin and output.
+                let mut cmd = tokio::process::Command::from(c.cp.kubectl());
+                cmd.args(["debug", "debug-me", "-i", image.as_str(), "--container=dbg2", "--"])
+                    .args(["sh", "-c", "read line; echo got=$line"])
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true);
+                let mut child = cmd.spawn().expect("kubectl debug -i");
+                let mut stdin = child.stdin.take().expect("stdin");
+                tokio::io::AsyncWriteExt::write_all(&mut stdin, b"hello\n").await.expect("write");
+                let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+                    .await
+                    .expect("kubectl debug -i returned")
+                    .expect("kubectl debug -i");
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(stdout.contains("got=hello"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+                drop(stdin);
+                let p = pod(c, "debug-me").await;
+                let statuses = p.status.and_then(|s| s.ephemeral_container_statuses).unwrap_or_default();
+                let dbg2 = statuses.iter().find(|s| s.name == "dbg2").expect("dbg2's status");
+                assert_eq!(dbg2.restart_count, 0, "never restarted");
+                assert_eq!(
+                    kubectl_row(c, "debug-me").map(|r| r.0).as_deref(),
+                    Some("1/1"),
+                    "the pod's readiness is its own container's"
+                );
             }),
         ),
         (

@@ -340,13 +340,16 @@ impl Worker {
         }
     }
 
-    /// Stops every running container, all at once, each within `grace`.
+    /// Stops every running container within `grace`: the containers first, then the init
+    /// containers (sidecars) in reverse order, as the kubelet stops them.
     pub(super) async fn stop_all(&mut self, grace: i64) {
         // Hooks run one container after another here, but within one deadline: the grace
         // period is the pod's, not each container's.
         let deadline = Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-        let running: Vec<usize> =
-            (0..self.state.containers.len()).filter(|&i| self.state.containers[i].running()).collect();
+        let containers = &self.state.containers;
+        let mains = (0..containers.len()).filter(|&i| !containers[i].init);
+        let inits = (0..containers.len()).rev().filter(|&i| containers[i].init);
+        let running: Vec<usize> = mains.chain(inits).filter(|&i| containers[i].running()).collect();
         for i in running {
             let left =
                 i64::try_from(deadline.saturating_duration_since(Instant::now()).as_secs()).unwrap_or(0);

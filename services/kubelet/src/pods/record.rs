@@ -50,6 +50,12 @@ pub struct ContainerRecord {
     pub name: String,
     /// An init container.
     pub init: bool,
+    /// An init container with `restartPolicy: Always` (a native sidecar): it runs beside the
+    /// containers, restarts whenever it ends, and stops after them.
+    pub sidecar: bool,
+    /// An ephemeral container (`kubectl debug`): started once, never restarted, no part of
+    /// the pod's readiness or phase.
+    pub ephemeral: bool,
     /// The image as the spec names it.
     pub image: String,
     /// The image's id once pulled (`sha256:…` or repo digest).
@@ -84,6 +90,8 @@ impl ContainerRecord {
         Self {
             name: name.to_owned(),
             init,
+            sidecar: false,
+            ephemeral: false,
             image: image.to_owned(),
             image_id: String::new(),
             id: None,
@@ -101,6 +109,11 @@ impl ContainerRecord {
             pull_backoff: Backoff::default(),
             failed_probe: None,
         }
+    }
+
+    /// A regular container of the pod: neither init nor ephemeral.
+    pub fn regular(&self) -> bool {
+        !self.init && !self.ephemeral
     }
 
     /// The attempt the next container gets: 0 for the first, then one more than any before.

@@ -36,6 +36,7 @@ impl Worker {
         let view = status::View {
             phase: self.state.phase,
             reason: self.state.reason.clone(),
+            rejected: self.state.rejected,
             sandbox_ready: self.state.sandbox.as_ref().is_some_and(|s| s.ready),
             initialized: self.state.initialized,
             pod_ips: &ips,

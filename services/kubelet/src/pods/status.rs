@@ -44,8 +44,11 @@ impl Phase {
 pub struct View<'a> {
     /// The phase.
     pub phase: Phase,
-    /// A reason and message for the pod as a whole (a rejected pod: OutOfcpu …).
+    /// A reason and message for the pod as a whole (a rejected pod: OutOfcpu …; one past its
+    /// deadline: DeadlineExceeded).
     pub reason: Option<(String, String)>,
+    /// The pod was rejected at admission and never had containers.
+    pub rejected: bool,
     /// The sandbox runs with its network set up.
     pub sandbox_ready: bool,
     /// Every init container completed.
@@ -142,13 +145,25 @@ fn condition(
 /// DisruptionTarget, readiness gates' own) are kept from the pod's current status.
 pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
     let previous = pod.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-    let mains: Vec<&ContainerRecord> = view.containers.iter().filter(|c| !c.init).collect();
-    let unready: Vec<&str> =
-        mains.iter().filter(|c| !(c.ready && c.running())).map(|c| c.name.as_str()).collect();
+    let mains: Vec<&ContainerRecord> = view.containers.iter().filter(|c| c.regular()).collect();
+    // Sidecars count towards readiness, and are initialized once started.
+    let unready: Vec<&str> = view
+        .containers
+        .iter()
+        .filter(|c| (c.regular() || c.sidecar) && !(c.ready && c.running()))
+        .map(|c| c.name.as_str())
+        .collect();
     let incomplete: Vec<&str> = view
         .containers
         .iter()
-        .filter(|c| c.init && c.exit().is_none_or(|e| e.exit_code != 0))
+        .filter(|c| {
+            c.init
+                && if c.sidecar {
+                    !(c.running() && c.started)
+                } else {
+                    c.exit().is_none_or(|e| e.exit_code != 0)
+                }
+        })
         .map(|c| c.name.as_str())
         .collect();
     let terminal = view.phase.terminal();
@@ -193,7 +208,7 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
     ];
     let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
     conditions.extend(previous.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
-    let rejected = view.reason.is_some();
+    let rejected = view.rejected;
     let pod_ips = view.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect::<Vec<_>>();
     PodStatus {
         phase: Some(view.phase.as_str().to_owned()),
@@ -209,6 +224,11 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
         init_container_statuses: (!rejected)
             .then(|| view.containers.iter().filter(|c| c.init).map(container_status).collect()),
         container_statuses: (!rejected).then(|| mains.iter().map(|c| container_status(c)).collect()),
+        ephemeral_container_statuses: view
+            .containers
+            .iter()
+            .any(|c| c.ephemeral)
+            .then(|| view.containers.iter().filter(|c| c.ephemeral).map(container_status).collect()),
         qos_class: pod.status.as_ref().and_then(|s| s.qos_class.clone()),
         ..PodStatus::default()
     }
@@ -254,6 +274,7 @@ mod tests {
         View {
             phase: Phase::Running,
             reason: None,
+            rejected: false,
             sandbox_ready: true,
             initialized: true,
             pod_ips: ips,
@@ -314,6 +335,7 @@ mod tests {
         let view = View {
             phase: Phase::Failed,
             reason: None,
+            rejected: false,
             sandbox_ready: false,
             initialized: false,
             pod_ips: &[],

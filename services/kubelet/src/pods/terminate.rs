@@ -9,6 +9,7 @@ use super::error::{RETRY, Reason, Retry, StepError};
 use super::lock;
 use super::status::Phase;
 use super::worker::{Step, Worker};
+use crate::events::Kind;
 
 impl Worker {
     /// A completed pod keeps its containers (for logs) but not its sandbox.
@@ -33,6 +34,24 @@ impl Worker {
             self.state.admitted = false;
         }
         result
+    }
+
+    /// The pod ran past its `activeDeadlineSeconds`: phase Failed with reason
+    /// DeadlineExceeded (as the kubelet words it), its containers stopped within `grace`, its
+    /// sandbox stopped as a completed pod's.
+    pub(super) async fn deadline_exceeded(&mut self, grace: i64) -> Result<(), StepError> {
+        if self.state.reason.is_none() {
+            let message = "Pod was active on the node longer than the specified deadline".to_owned();
+            tracing::info!(pod = %self.key, "active deadline exceeded");
+            self.event(None, Kind::Normal, "DeadlineExceeded", message.clone());
+            self.state.message.clone_from(&message);
+            self.state.reason = Some(("DeadlineExceeded".into(), message));
+        }
+        self.state.phase = Phase::Failed;
+        self.state.step = Step::Completed;
+        self.stop_probes();
+        self.stop_all(grace).await;
+        self.stop_sandbox_of_completed_pod().await
     }
 
     /// Stops every probe.
@@ -76,7 +95,7 @@ impl Worker {
                     .state
                     .containers
                     .iter()
-                    .filter(|c| !c.init)
+                    .filter(|c| c.regular())
                     .any(|c| c.exit().is_none_or(|e| e.exit_code != 0));
                 self.state.phase = if failed { Phase::Failed } else { Phase::Succeeded };
             }

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -132,14 +131,22 @@ impl Worker {
         }
     }
 
-    /// The spec of container `name`.
+    /// The spec of container `name` (an ephemeral one's as a container: the same fields but
+    /// `targetContainerName`).
     pub(super) fn spec_of(&self, name: &str, init: bool) -> Option<Container> {
         let spec = self.pod.spec.as_ref()?;
         if init {
-            spec.init_containers.iter().flatten().find(|c| c.name == name).cloned()
-        } else {
-            spec.containers.iter().find(|c| c.name == name).cloned()
+            return spec.init_containers.iter().flatten().find(|c| c.name == name).cloned();
         }
+        if let Some(c) = spec.containers.iter().find(|c| c.name == name) {
+            return Some(c.clone());
+        }
+        let ephemeral = spec.ephemeral_containers.iter().flatten().find(|c| c.name == name)?;
+        let mut value = serde_json::to_value(ephemeral).ok()?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.remove("targetContainerName");
+        }
+        serde_json::from_value(value).ok()
     }
 
     /// Wakes the worker at `at` at the latest.
@@ -150,7 +157,13 @@ impl Worker {
     /// An event about the pod or one of its containers.
     pub(super) fn event(&self, container: Option<(&str, bool)>, kind: Kind, reason: &str, note: String) {
         let field_path = container.map(|(name, init)| {
-            format!("spec.{}{{{name}}}", if init { "initContainers" } else { "containers" })
+            let ephemeral = self.state.containers.iter().any(|c| c.name == name && c.ephemeral);
+            let list = match (init, ephemeral) {
+                (true, _) => "initContainers",
+                (false, true) => "ephemeralContainers",
+                (false, false) => "containers",
+            };
+            format!("spec.{list}{{{name}}}")
         });
         self.ctx.events.publish(&self.pod, field_path, kind, reason, note);
     }
@@ -163,6 +176,7 @@ impl Worker {
                     // pods NotReady while the node is Unknown): say again what is true.
                     self.reported = None;
                 }
+                self.state.add_ephemeral(&pod);
                 self.pod = pod;
             }
             Msg::Deleted => self.state.deleted = true,
@@ -187,9 +201,9 @@ impl Worker {
     /// Plans and carries out the pod's next steps until it must wait for something.
     async fn sync(&mut self) {
         self.wake = None;
-        if self.state.admitted && self.state.start_time.is_none() {
+        if self.state.admitted {
             // An adopted pod whose status never reached the API.
-            self.state.start_time = Some(Timestamp::now());
+            self.state.start_now();
         }
         for _ in 0..MAX_ROUNDS {
             let actions = plan::plan(&self.pod, &self.state, Instant::now());
@@ -239,7 +253,11 @@ impl Worker {
             Err((container, error)) => {
                 self.on_error(container, error);
                 // The other containers went on; the phase follows them.
-                container.map_or(Flow::Stop, |i| self.after_container(i))
+                // A sidecar that failed waits for its retry like any init container.
+                container.map_or(Flow::Stop, |i| match self.after_container(i) {
+                    Flow::Replan => Flow::Stop,
+                    flow => flow,
+                })
             }
         }
     }
@@ -258,7 +276,15 @@ impl Worker {
                     self.state.phase = phase;
                 }
                 self.state.step = Step::Completed;
+                // Sidecars still run when the containers are done: they stop gracefully first.
+                if self.state.containers.iter().any(|c| c.running()) {
+                    self.stop_all(plan::termination_grace(&self.pod, false)).await;
+                }
                 self.stop_sandbox_of_completed_pod().await.map_err(pod_wide)?;
+                Ok(Flow::Stop)
+            }
+            Action::DeadlineExceeded { grace } => {
+                self.deadline_exceeded(grace).await.map_err(pod_wide)?;
                 Ok(Flow::Stop)
             }
             Action::Admit => Ok(if self.admit() { Flow::Replan } else { Flow::Stop }),
@@ -315,8 +341,13 @@ impl Worker {
     }
 
     /// An init container runs alone: after one, wait. The containers settle the phase.
+    /// A sidecar does not: the next init container may start once it has.
     fn after_container(&self, i: usize) -> Flow {
-        if self.state.containers.get(i).is_some_and(|c| c.init) { Flow::Stop } else { Flow::Settle }
+        match self.state.containers.get(i) {
+            Some(c) if c.sidecar => Flow::Replan,
+            Some(c) if c.init => Flow::Stop,
+            _ => Flow::Settle,
+        }
     }
 
     /// Admission: the pod's requests against what the node has left.
@@ -337,9 +368,7 @@ impl Worker {
         match verdict {
             Ok(()) => {
                 self.state.admitted = true;
-                if self.state.start_time.is_none() {
-                    self.state.start_time = Some(Timestamp::now());
-                }
+                self.state.start_now();
                 true
             }
             Err((reason, message)) => {
@@ -349,6 +378,7 @@ impl Worker {
                 self.state.step = Step::Completed;
                 self.state.message.clone_from(&message);
                 self.state.reason = Some((reason, message));
+                self.state.rejected = true;
                 false
             }
         }

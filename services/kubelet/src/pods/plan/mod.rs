@@ -90,6 +90,10 @@ pub struct PodState {
     pub containers: Vec<ContainerRecord>,
     /// When the kubelet first took the pod on (status.startTime).
     pub start_time: Option<Timestamp>,
+    /// The same moment on the monotonic clock, which `activeDeadlineSeconds` counts from.
+    pub started: Option<Instant>,
+    /// The pod was rejected at admission: it never had containers.
+    pub rejected: bool,
     /// The last problem worth showing (diagnostics).
     pub message: String,
 }
@@ -100,7 +104,9 @@ impl PodState {
     pub fn new(pod: &Pod) -> Self {
         let spec = pod.spec.clone().unwrap_or_default();
         let record = |c: &k8s_openapi::api::core::v1::Container, init| {
-            ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), init)
+            let mut record = ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), init);
+            record.sidecar = init && c.restart_policy.as_deref() == Some("Always");
+            record
         };
         let mut containers: Vec<ContainerRecord> =
             spec.init_containers.iter().flatten().map(|c| record(c, true)).collect();
@@ -119,7 +125,13 @@ impl PodState {
             Some("Failed") => Phase::Failed,
             _ => Phase::Pending,
         };
-        Self {
+        let start_time = pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0);
+        // A pod the API shows started (a kubelet restart) keeps its age.
+        let started = start_time.map(|t| {
+            let age = std::time::Duration::try_from(Timestamp::now().duration_since(t)).unwrap_or_default();
+            Instant::now().checked_sub(age).unwrap_or_else(Instant::now)
+        });
+        let mut state = Self {
             step: if phase.terminal() { Step::Completed } else { Step::Admitting },
             phase,
             reason: None,
@@ -131,8 +143,32 @@ impl PodState {
             sandbox_backoff: Backoff::default(),
             initialized: spec.init_containers.as_ref().is_none_or(Vec::is_empty),
             containers,
-            start_time: pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            start_time,
+            started,
+            rejected: false,
             message: String::new(),
+        };
+        state.add_ephemeral(pod);
+        state
+    }
+
+    /// Records the ephemeral containers of `pod` (added by `kubectl debug` while it runs) that
+    /// are not yet known; they wait to be started.
+    pub fn add_ephemeral(&mut self, pod: &Pod) {
+        for c in pod.spec.iter().flat_map(|s| s.ephemeral_containers.iter().flatten()) {
+            if !self.containers.iter().any(|r| r.name == c.name) {
+                let mut record = ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), false);
+                record.ephemeral = true;
+                self.containers.push(record);
+            }
+        }
+    }
+
+    /// The kubelet takes the pod on now, unless it did before.
+    pub fn start_now(&mut self) {
+        if self.start_time.is_none() {
+            self.start_time = Some(Timestamp::now());
+            self.started = Some(Instant::now());
         }
     }
 }
@@ -161,6 +197,12 @@ pub enum Action {
     ReplaceSandbox,
     /// Make the sandbox.
     CreateSandbox,
+    /// The pod ran past its `activeDeadlineSeconds`: it fails (DeadlineExceeded), its
+    /// containers stopped within `grace`.
+    DeadlineExceeded {
+        /// The grace period, seconds.
+        grace: i64,
+    },
     /// The worker is at this step now.
     Enter(Step),
     /// Every init container completed.
@@ -210,6 +252,12 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
         return vec![Action::Admit];
     }
     let mut actions = Vec::new();
+    if let Some(deadline) = active_deadline(pod, state) {
+        if now >= deadline {
+            return vec![Action::DeadlineExceeded { grace: termination_grace(pod, false) }];
+        }
+        actions.push(Action::WakeAt(deadline));
+    }
     match state.volumes_refreshed {
         None => return vec![Action::PrepareVolumes],
         Some(at) if now >= at + VOLUME_REFRESH => return vec![Action::RefreshVolumes],
@@ -230,15 +278,31 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
             return actions;
         }
     }
+    // Ephemeral containers start as soon as the sandbox runs, during initialization too; once
+    // ended they stay so.
+    for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.ephemeral) {
+        if matches!(c.state, State::Waiting { .. }) && c.id.is_none() {
+            actions.extend(start_when_due(index, c, now));
+        }
+    }
     let policy = restart_policy(pod);
     if !state.initialized {
         actions.push(Action::Enter(Step::Initializing));
-        actions.extend(next_init(state, policy, now));
+        let grace = termination_grace(pod, false);
+        actions.extend(next_init(state, policy, now, grace));
         return actions;
     }
     actions.push(Action::Enter(Step::Running));
+    // Once every container is done, the sidecars are not restarted: the pod completes, and
+    // they are stopped with it.
+    let settled = settle(state, policy);
+    if let Some(complete @ Action::Complete { .. }) = settled {
+        actions.push(complete);
+        return actions;
+    }
     let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE);
-    for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| !c.init) {
+    for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.regular() || c.sidecar) {
+        let policy = if c.sidecar { RestartPolicy::Always } else { policy };
         match &c.state {
             State::Running { .. } => {
                 if let Some(probe) = c.failed_probe {
@@ -252,7 +316,7 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
             State::Terminated(_) => {}
         }
     }
-    actions.extend(settle(state, policy));
+    actions.extend(settled);
     actions
 }
 
@@ -287,6 +351,13 @@ pub fn restart_policy(pod: &Pod) -> RestartPolicy {
     }
 }
 
+/// When the pod's `activeDeadlineSeconds` (which may change while it runs) runs out, counted
+/// from when the kubelet took it on.
+pub fn active_deadline(pod: &Pod, state: &PodState) -> Option<Instant> {
+    let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
+    Some(state.started? + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
+}
+
 /// The grace period of a terminating pod: the deletion's, else the spec's, else 30 s; a pod
 /// whose object vanished gets [`VANISHED_GRACE`].
 pub fn termination_grace(pod: &Pod, vanished: bool) -> i64 {
@@ -301,20 +372,52 @@ pub fn termination_grace(pod: &Pod, vanished: bool) -> i64 {
 }
 
 /// The init containers run one at a time, in order: the first that has not completed decides.
-fn next_init(state: &PodState, policy: RestartPolicy, now: Instant) -> Vec<Action> {
+/// A sidecar (`restartPolicy: Always`) counts as done once it runs and its startup probe, if
+/// any, has passed; it restarts whenever it ends, whatever the pod's policy, and a failed
+/// liveness or startup probe kills it (within `grace`) meanwhile.
+fn next_init(state: &PodState, policy: RestartPolicy, now: Instant, grace: i64) -> Vec<Action> {
+    let mut actions = Vec::new();
     for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.init) {
+        if c.sidecar {
+            match &c.state {
+                State::Running { .. } => {
+                    if let Some(probe) = c.failed_probe {
+                        actions.push(Action::Kill { index, probe, grace });
+                    }
+                    if !c.started {
+                        return actions;
+                    }
+                }
+                State::Terminated(_) => {
+                    actions.push(restart_after_backoff(index, c, now));
+                    return actions;
+                }
+                State::Waiting { .. } => {
+                    actions.extend(start_when_due(index, c, now));
+                    return actions;
+                }
+            }
+            continue;
+        }
         match &c.state {
             State::Terminated(exit) if exit.exit_code == 0 => {}
-            State::Running { .. } => return Vec::new(),
+            State::Running { .. } => return actions,
             // A failed init container under Never fails the pod.
             State::Terminated(_) if policy == RestartPolicy::Never => {
                 return vec![Action::Complete { phase: Some(Phase::Failed) }];
             }
-            State::Terminated(_) => return vec![restart_after_backoff(index, c, now)],
-            State::Waiting { .. } => return start_when_due(index, c, now).into_iter().collect(),
+            State::Terminated(_) => {
+                actions.push(restart_after_backoff(index, c, now));
+                return actions;
+            }
+            State::Waiting { .. } => {
+                actions.extend(start_when_due(index, c, now));
+                return actions;
+            }
         }
     }
-    vec![Action::InitDone]
+    actions.push(Action::InitDone);
+    actions
 }
 
 /// Start container `i` unless its restart or image back-off says wait.
@@ -347,7 +450,7 @@ fn restart_after_backoff(index: usize, c: &ContainerRecord, now: Instant) -> Act
 /// The pod's phase from its containers: done when each has ended and none restarts
 /// (Succeeded, or Failed when one failed); Running once one runs, ran or restarted.
 pub fn settle(state: &PodState, policy: RestartPolicy) -> Option<Action> {
-    let mains: Vec<&ContainerRecord> = state.containers.iter().filter(|c| !c.init).collect();
+    let mains: Vec<&ContainerRecord> = state.containers.iter().filter(|c| c.regular()).collect();
     let done = !mains.is_empty()
         && mains.iter().all(|c| {
             c.exit().is_some_and(|e| match policy {
@@ -363,9 +466,13 @@ pub fn settle(state: &PodState, policy: RestartPolicy) -> Option<Action> {
     mains.iter().any(|c| c.running() || c.exit().is_some() || c.restart_count > 0).then_some(Action::Running)
 }
 
-/// Whether a pod adopted from a previous kubelet is past its init containers: each completed,
-/// or a container of the pod already exists (the runtime may have dropped the init ones).
+/// Whether a pod adopted from a previous kubelet is past its init containers: each completed
+/// (a sidecar: runs), or a container of the pod already exists (the runtime may have dropped
+/// the init ones).
 pub fn adopted_initialized(containers: &[ContainerRecord]) -> bool {
-    let inits_done = containers.iter().filter(|c| c.init).all(|c| c.exit().is_some_and(|e| e.exit_code == 0));
-    inits_done || containers.iter().any(|c| !c.init && c.id.is_some())
+    let inits_done = containers
+        .iter()
+        .filter(|c| c.init)
+        .all(|c| if c.sidecar { c.running() } else { c.exit().is_some_and(|e| e.exit_code == 0) });
+    inits_done || containers.iter().any(|c| c.regular() && c.id.is_some())
 }

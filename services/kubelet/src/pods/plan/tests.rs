@@ -283,3 +283,138 @@ fn an_adopted_pod_is_taken_over_not_made_again() {
     assert!(!fresh.initialized);
     assert_eq!(doing(&plan(&pod, &fresh, now)), [Action::Start(0)]);
 }
+
+#[test]
+fn a_pod_past_its_active_deadline_fails_and_an_updated_deadline_counts() {
+    let mut pod = pod(json!({
+        "activeDeadlineSeconds": 30,
+        "terminationGracePeriodSeconds": 7,
+        "containers": [{"name": "app", "image": "busybox"}]
+    }));
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    state.started = Some(now);
+    run(&mut state.containers[0]);
+    // The volumes were just refreshed whenever it plans.
+    let plan_at = |pod: &Pod, state: &mut PodState, secs: u64| {
+        let at = now + Duration::from_secs(secs);
+        state.volumes_refreshed = Some(at);
+        plan(pod, state, at)
+    };
+    let deadline = now + Duration::from_secs(30);
+    assert!(plan_at(&pod, &mut state, 0).contains(&Action::WakeAt(deadline)), "woken at the deadline");
+    assert_eq!(doing(&plan_at(&pod, &mut state, 29)), [Action::Running]);
+    assert_eq!(plan_at(&pod, &mut state, 30), [Action::DeadlineExceeded { grace: 7 }]);
+    // Shortened while it runs (the API allows lowering it): it counts from the start.
+    pod.spec.as_mut().expect("spec").active_deadline_seconds = Some(5);
+    assert_eq!(plan_at(&pod, &mut state, 6), [Action::DeadlineExceeded { grace: 7 }]);
+    // Not started, no deadline; a failed pod stays failed.
+    state.started = None;
+    assert_eq!(doing(&plan_at(&pod, &mut state, 60)), [Action::Running]);
+    state.phase = Phase::Failed;
+    state.started = Some(now);
+    assert_eq!(plan_at(&pod, &mut state, 60), [Action::Complete { phase: None }]);
+}
+
+#[test]
+fn a_started_pod_from_the_api_keeps_its_age() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {"activeDeadlineSeconds": 100, "containers": [{"name": "app", "image": "busybox"}]},
+        "status": {"phase": "Running", "startTime": (Timestamp::now() - jiff_span(Duration::from_secs(90))).to_string()}
+    }))
+    .expect("a pod");
+    let state = PodState::new(&pod);
+    let left = active_deadline(&pod, &state).expect("a deadline").saturating_duration_since(Instant::now());
+    assert!(left > Duration::from_secs(5) && left <= Duration::from_secs(10), "{left:?}");
+}
+
+fn with_sidecar(policy: &str) -> Pod {
+    pod(json!({
+        "restartPolicy": policy,
+        "initContainers": [
+            {"name": "proxy", "image": "busybox", "restartPolicy": "Always",
+             "startupProbe": {"exec": {"command": ["true"]}}},
+            {"name": "setup", "image": "busybox"}
+        ],
+        "containers": [{"name": "app", "image": "busybox"}],
+        "terminationGracePeriodSeconds": 3
+    }))
+}
+
+#[test]
+fn a_sidecar_starts_first_and_the_next_init_container_waits_for_its_startup_probe() {
+    let pod = with_sidecar("Never");
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    assert!(state.containers[0].sidecar && !state.containers[1].sidecar && !state.containers[2].sidecar);
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Start(0)]);
+    run(&mut state.containers[0]);
+    assert_eq!(doing(&plan(&pod, &state, now)), [], "its startup probe has not passed");
+    state.containers[0].started = true;
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Start(1)]);
+    run(&mut state.containers[1]);
+    assert_eq!(doing(&plan(&pod, &state, now)), [], "a regular init container runs to completion");
+    exit(&mut state.containers[1], 0, Duration::from_secs(1));
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::InitDone]);
+    state.initialized = true;
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Start(2)]);
+}
+
+#[test]
+fn a_sidecar_restarts_whatever_the_pod_policy_and_stops_being_restarted_once_the_pod_is_done() {
+    let pod = with_sidecar("Never");
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    // Ended during the init phase: restarted, not a pod failure under Never.
+    exit(&mut state.containers[0], 1, Duration::from_secs(1));
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Restart { index: 0, reset_backoff: false }]);
+    // A failed probe kills it, while the init containers run.
+    run(&mut state.containers[0]);
+    state.containers[0].started = true;
+    state.containers[0].failed_probe = Some(ProbeKind::Liveness);
+    run(&mut state.containers[1]);
+    assert_eq!(
+        doing(&plan(&pod, &state, now)),
+        [Action::Kill { index: 0, probe: ProbeKind::Liveness, grace: 3 }]
+    );
+    state.containers[0].failed_probe = None;
+    exit(&mut state.containers[1], 0, Duration::from_secs(1));
+    state.initialized = true;
+    run(&mut state.containers[2]);
+    // Ended while the app runs: restarted (after its back-off once it has failed before).
+    exit(&mut state.containers[0], 0, Duration::from_secs(1));
+    assert_eq!(
+        doing(&plan(&pod, &state, now)),
+        [Action::Restart { index: 0, reset_backoff: false }, Action::Running]
+    );
+    state.containers[0].restart_backoff.fail(now);
+    assert!(matches!(doing(&plan(&pod, &state, now))[0], Action::BackOff { index: 0, .. }));
+    // The app is done: the pod completes on the app's exit alone, the sidecar not restarted.
+    exit(&mut state.containers[2], 0, Duration::from_secs(1));
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Complete { phase: Some(Phase::Succeeded) }]);
+    run(&mut state.containers[0]);
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Complete { phase: Some(Phase::Succeeded) }]);
+}
+
+#[test]
+fn an_ephemeral_container_added_while_the_pod_runs_starts_once_and_is_never_restarted() {
+    let mut pod = two_inits("Always");
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    pod.spec.as_mut().expect("spec").ephemeral_containers = Some(vec![
+        serde_json::from_value(json!({"name": "debugger", "image": "busybox", "stdin": true, "tty": true}))
+            .expect("ephemeral"),
+    ]);
+    state.add_ephemeral(&pod);
+    state.add_ephemeral(&pod);
+    assert_eq!(state.containers.len(), 4, "recorded once");
+    assert!(state.containers[3].ephemeral && !state.containers[3].regular());
+    // During initialization too.
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Start(3), Action::Start(0)]);
+    exit(&mut state.containers[3], 1, Duration::from_secs(1));
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Start(0)]);
+    state.initialized = true;
+    run(&mut state.containers[2]);
+    assert_eq!(doing(&plan(&pod, &state, now)), [Action::Running], "not restarted, not the pod's phase");
+}
