@@ -122,7 +122,14 @@ mod tests {
         let writer = lines.clone();
         let subscriber =
             tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        // tracing caches each log callsite's interest when it is first hit: another test's
+        // thread may hit the interceptor's callsites first, with no subscriber, and store its
+        // "never" after this test's subscriber was counted in. So the callsites are hit here
+        // first (no subscriber on this thread yet: nothing captured), and their interest
+        // recomputed once this test's subscriber is in place.
+        let _ = RequireToken::default().call(request_with(Some("Bearer wrong")));
         tracing::subscriber::with_default(subscriber, || {
+            tracing::callsite::rebuild_interest_cache();
             let mut check = RequireToken::default();
             for _ in 0..1000 {
                 assert!(check.call(request_with(Some("Bearer wrong"))).is_err(), "every one is refused");
