@@ -224,11 +224,10 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
         init_container_statuses: (!rejected)
             .then(|| view.containers.iter().filter(|c| c.init).map(container_status).collect()),
         container_statuses: (!rejected).then(|| mains.iter().map(|c| container_status(c)).collect()),
-        ephemeral_container_statuses: view
-            .containers
-            .iter()
-            .any(|c| c.ephemeral)
-            .then(|| view.containers.iter().filter(|c| c.ephemeral).map(container_status).collect()),
+        ephemeral_container_statuses: Some(
+            view.containers.iter().filter(|c| c.ephemeral).map(container_status).collect::<Vec<_>>(),
+        )
+        .filter(|statuses| !statuses.is_empty()),
         qos_class: pod.status.as_ref().and_then(|s| s.qos_class.clone()),
         ..PodStatus::default()
     }

@@ -378,32 +378,19 @@ pub fn termination_grace(pod: &Pod, vanished: bool) -> i64 {
 fn next_init(state: &PodState, policy: RestartPolicy, now: Instant, grace: i64) -> Vec<Action> {
     let mut actions = Vec::new();
     for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.init) {
-        if c.sidecar {
-            match &c.state {
-                State::Running { .. } => {
-                    if let Some(probe) = c.failed_probe {
-                        actions.push(Action::Kill { index, probe, grace });
-                    }
-                    if !c.started {
-                        return actions;
-                    }
+        match &c.state {
+            State::Running { .. } if c.sidecar => {
+                if let Some(probe) = c.failed_probe {
+                    actions.push(Action::Kill { index, probe, grace });
                 }
-                State::Terminated(_) => {
-                    actions.push(restart_after_backoff(index, c, now));
-                    return actions;
-                }
-                State::Waiting { .. } => {
-                    actions.extend(start_when_due(index, c, now));
+                if !c.started {
                     return actions;
                 }
             }
-            continue;
-        }
-        match &c.state {
-            State::Terminated(exit) if exit.exit_code == 0 => {}
             State::Running { .. } => return actions,
+            State::Terminated(exit) if !c.sidecar && exit.exit_code == 0 => {}
             // A failed init container under Never fails the pod.
-            State::Terminated(_) if policy == RestartPolicy::Never => {
+            State::Terminated(_) if !c.sidecar && policy == RestartPolicy::Never => {
                 return vec![Action::Complete { phase: Some(Phase::Failed) }];
             }
             State::Terminated(_) => {
