@@ -1,6 +1,9 @@
-//! Passing descriptors to a child at fixed numbers (3, 4, …): the published host sockets to
-//! `crun create --preserve-fds`, a ready pipe to slirp4netns. `std::process::Command` has no
-//! safe way to place a descriptor at a number, so this is the crate's one `unsafe` block.
+//! Descriptors across processes: placed in a child at fixed numbers (3, 4, …) — the published
+//! host sockets and the host-ports socket to `crun create --preserve-fds`, a ready pipe to
+//! slirp4netns —, claimed by the bubble's supervisor, and adopted when received with
+//! `SCM_RIGHTS` (the host ports). `std::process::Command` has no safe way to place a descriptor
+//! at a number, nor std a way to own a raw one, so this module holds the crate's `unsafe` for
+//! them.
 
 #![allow(unsafe_code)]
 
@@ -86,4 +89,41 @@ pub fn claim_listener(fd: RawFd) -> std::io::Result<std::net::TcpListener> {
     nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
         .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
     Ok(listener)
+}
+
+/// Takes ownership of descriptors the kernel installed in this process for a received
+/// `SCM_RIGHTS` message (the host-ports answer), so they close when dropped.
+pub fn own_received(raw: &[RawFd]) -> Vec<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    raw.iter()
+        // SAFETY: recvmsg just installed each of these in this process's table for this
+        // message; nothing else refers to them, and each is adopted once.
+        .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect()
+}
+
+/// Claims inherited descriptor `fd` as a `SOCK_SEQPACKET` socket (the bubble's end of the
+/// host-ports pair); refuses anything else. Call at most once per descriptor.
+pub fn claim_seqpacket(fd: RawFd) -> std::io::Result<OwnedFd> {
+    use std::os::fd::{BorrowedFd, FromRawFd};
+    if fd < 3 {
+        return Err(std::io::Error::other(format!("descriptor {fd} is a standard stream")));
+    }
+    // SAFETY: F_GETFD only inspects the descriptor table entry.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(std::io::Error::other(format!("descriptor {fd} is not open")));
+    }
+    // SAFETY: checked open just above; borrowed only for the getsockopt call.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let kind = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
+        .map_err(|e| std::io::Error::other(format!("descriptor {fd} is not a socket: {e}")))?;
+    if kind != nix::sys::socket::SockType::SeqPacket {
+        return Err(std::io::Error::other(format!("descriptor {fd} is not a SOCK_SEQPACKET socket")));
+    }
+    // SAFETY: an open socket nothing else in this process owns (claimed once, at start);
+    // ownership moves into the OwnedFd, which closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(&owned, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+        .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
+    Ok(owned)
 }

@@ -6,6 +6,7 @@ pub mod bubble;
 pub mod cluster;
 pub mod error;
 pub mod fds;
+pub mod host_ports;
 pub mod hosttools;
 pub mod image;
 pub mod init;

@@ -98,6 +98,172 @@ fn slirp4netns_is_sandboxed(env: &Env) {
     }
 }
 
+/// Issue 25: a NodePort Service, a LoadBalancer Service and a pod's hostPort answer on the
+/// cluster's host address from another machine of the network; the LoadBalancer shows that
+/// address; a port below 1024 is refused with a Warning event; a deleted Service's port closes.
+fn published_ports_answer_from_outside(env: &Env, web_nodes: &std::collections::BTreeSet<&str>) {
+    let address = env.host.ip.to_string();
+    let container = httpd_who_answers_with_host_port(&env.httpd, 18081);
+    env.apply(
+        "demo",
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata: {{name: web-np}}
+spec:
+  type: NodePort
+  selector: {{app: web}}
+  ports: [{{port: 80, targetPort: {HTTPD_PORT}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-lb}}
+spec:
+  type: LoadBalancer
+  selector: {{app: web}}
+  ports: [{{port: 18080, targetPort: {HTTPD_PORT}}}]
+---
+# Pod Security's baseline (HPK's default, as upstream's) forbids host ports: a namespace that
+# allows them.
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: edge
+  labels: {{pod-security.kubernetes.io/enforce: privileged}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: host-port, namespace: edge}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+{container}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: same-port-1, namespace: edge}}
+spec:
+  nodeName: demo-1
+  terminationGracePeriodSeconds: 1
+  containers:
+{same}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: same-port-2, namespace: edge}}
+spec:
+  nodeName: demo-2
+  terminationGracePeriodSeconds: 1
+  containers:
+{same}",
+            same = httpd_who_answers_with_host_port(&env.httpd, 18082),
+        ),
+    );
+    let node_port =
+        env.kubectl_ok("demo", &["get", "service", "web-np", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let from_outside = |port: &str| -> Option<String> {
+        let out = env
+            .attacker()
+            .command("curl")
+            .args(["-sS", "--max-time", "3", &format!("http://{address}:{port}/")])
+            .output()
+            .ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // NodePort: balanced over the pods on both nodes, as from inside.
+    let mut seen = std::collections::BTreeSet::new();
+    eventually_or(
+        &format!("answers from both nodes on {address}:{node_port} (NodePort)"),
+        Duration::from_secs(60),
+        || {
+            if let Some(body) = from_outside(node_port.trim()) {
+                seen.extend(
+                    web_nodes.iter().filter(|n| body.contains(&format!("node={n}"))).map(|n| (*n).to_owned()),
+                );
+            }
+            (seen.len() == web_nodes.len()).then_some(())
+        },
+        || env.diagnose("demo"),
+    );
+    // LoadBalancer: the cluster's address in its status, and the port answers there.
+    let ingress = eventually("web-lb's ingress", Duration::from_secs(60), || {
+        let ip = env.kubectl_ok(
+            "demo",
+            &["get", "service", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}"],
+        );
+        (!ip.trim().is_empty()).then(|| ip.trim().to_owned())
+    });
+    assert_eq!(ingress, address, "the LoadBalancer's address is the nodes' (both on this host)");
+    let lb = eventually("web-lb answers on 18080", Duration::from_secs(60), || from_outside("18080"));
+    assert!(lb.contains("pod=web-"), "{lb}");
+    // hostPort: that pod, on its node's address.
+    let pod = eventually("host-port answers on 18081", Duration::from_secs(90), || from_outside("18081"));
+    assert!(pod.contains("pod=host-port "), "{pod}");
+    // Both nodes share this host: of two pods with the same hostPort on the two nodes, one
+    // has the port, the other runs and says why it has not (a Warning event).
+    let supervisors = || {
+        ["demo-1", "demo-2"]
+            .map(|n| {
+                let log = std::fs::read_to_string(env.state.path().join(format!("demo/{n}/logs/bubble.log")));
+                let lines: Vec<String> = log
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("port") || l.contains("event"))
+                    .map(str::to_owned)
+                    .collect();
+                format!("{n}'s supervisor:\n{}\n", lines.join("\n"))
+            })
+            .concat()
+    };
+    let events = eventually_or(
+        "a PortNotPublished event on one of the same-port pods",
+        Duration::from_secs(90),
+        || {
+            let events = env.kubectl_ok(
+                "demo",
+                &[
+                    "get",
+                    "events",
+                    "-n",
+                    "edge",
+                    "--field-selector=reason=PortNotPublished",
+                    "-o",
+                    "jsonpath={range .items[*]}{.involvedObject.name}: {.message}{\"\\n\"}{end}",
+                ],
+            );
+            (!events.trim().is_empty()).then_some(events)
+        },
+        supervisors,
+    );
+    assert_eq!(events.trim().lines().count(), 1, "{events}");
+    let refused = events.split(':').next().unwrap_or_default().to_owned();
+    assert!(
+        refused.starts_with("same-port-") && events.contains("host port 18082") && events.contains("in use"),
+        "{events}"
+    );
+    let holder = eventually("the same-port pod that has it answers", Duration::from_secs(60), || {
+        from_outside("18082")
+    });
+    assert!(
+        holder.contains("pod=same-port-") && !holder.contains(&format!("pod={refused} ")),
+        "{holder} / {events}"
+    );
+    // A deleted Service's port is closed on the host.
+    env.kubectl_ok("demo", &["delete", "service", "web-np"]);
+    eventually("web-np's node port closed", Duration::from_secs(30), || {
+        from_outside(node_port.trim()).is_none().then_some(())
+    });
+    env.kubectl_ok("demo", &["delete", "namespace", "edge", "--wait=false"]);
+}
+
+/// The who-answers httpd container with `hostPort` for its port.
+fn httpd_who_answers_with_host_port(image: &str, host_port: u16) -> String {
+    let container = hpk_test_support::manifest::httpd_who_answers(image).replace(
+        "ports: [{containerPort: 8080}]",
+        &format!("ports: [{{containerPort: 8080, hostPort: {host_port}}}]"),
+    );
+    // Indented under `containers:`.
+    container.lines().map(|l| format!("  {l}\n")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_nodes_run_workloads_and_down_leaves_nothing() {
     let Some(image) = prerequisites() else { return };
@@ -298,6 +464,8 @@ spec:
             "{pod}: kubernetes:443: {got_text}"
         );
     }
+
+    published_ports_answer_from_outside(&env, &web_nodes);
 
     let status = env.hpk(&["status", "--name", "demo"]).output().expect("hpk status");
     let status_text = text(&status);

@@ -22,11 +22,11 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::slurm::{Ids, SERIAL, SlurmEnv};
-use support::{eventually_or, text};
+use support::{eventually, eventually_or, text};
 
 fn prerequisites() -> bool {
     support::prerequisites().is_some()
@@ -93,6 +93,63 @@ fn exec_ok(env: &SlurmEnv, id: u32, pod: &str, script: &str) -> String {
             )
         },
     )
+}
+
+/// Issue 25: a LoadBalancer Service gets the three nodes' addresses, and its port and its
+/// nodePort answer on each of them from the login node (outside the cluster), each node's
+/// launcher publishing them on its own host.
+fn load_balancer_from_the_login_node(env: &SlurmEnv, id: u32, web: &[(String, String, String)]) {
+    env.apply(
+        id,
+        "apiVersion: v1
+kind: Service
+metadata: {name: web-lb}
+spec:
+  type: LoadBalancer
+  selector: {app: web}
+  ports: [{port: 18080, targetPort: 8080}]
+",
+    );
+    let mut nodes: Vec<String> = env.slurm.nodes().iter().map(|n| n.ip.to_string()).collect();
+    nodes.sort();
+    let ingress = eventually_or(
+        "web-lb's ingress: the three nodes",
+        Duration::from_secs(60),
+        || {
+            let out = env.kubectl(
+                id,
+                &["get", "service", "web-lb", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}"],
+            );
+            let mut ips: Vec<String> =
+                String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect();
+            ips.sort();
+            (ips == nodes).then_some(ips)
+        },
+        || env.diagnose(id),
+    );
+    let node_port =
+        env.kubectl(id, &["get", "service", "web-lb", "-o", "jsonpath={.spec.ports[0].nodePort}"]);
+    let node_port = String::from_utf8_lossy(&node_port.stdout).trim().to_owned();
+    for ip in &ingress {
+        for port in ["18080", node_port.as_str()] {
+            let body = eventually(
+                &format!("web-lb on {ip}:{port} from the login node"),
+                Duration::from_secs(60),
+                || {
+                    let out = Command::new("curl")
+                        .args(["-sS", "--max-time", "3", &format!("http://{ip}:{port}/")])
+                        .output()
+                        .ok()?;
+                    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+                },
+            );
+            assert!(
+                web.iter().any(|(pod, _, _)| *pod == body),
+                "{ip}:{port} answered {body:?}, not a web pod"
+            );
+        }
+    }
+    env.kubectl_ok(id, &["delete", "service", "web-lb"]);
 }
 
 /// Each Node's capacity and allocatable are what Slurm granted the job on that node: its
@@ -534,6 +591,8 @@ spec:
         },
         || format!("last reached {}; pods {web:?}", last.borrow()),
     );
+
+    load_balancer_from_the_login_node(&env, id, &web);
 
     // Pod to pod across nodes, by pod IP.
     let (far, _, far_ip) = web.iter().find(|(_, node, _)| node == "node3").expect("a web pod on node3");

@@ -217,6 +217,9 @@ pub struct Launched {
     role: Role,
     address: Ipv4Addr,
     ports: Vec<(String, u16)>,
+    /// The launcher's end of the host-ports pair ([`crate::host_ports`]), while the bubble
+    /// may still ask.
+    host_ports: Option<OwnedFd>,
 }
 
 /// Runs a bubble until SIGTERM/SIGINT or until it ends; returns the exit code.
@@ -535,6 +538,12 @@ fn prepare_and_start(
         let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
         sockets.push(("tunnel".into(), udp.into(), tunnel_port));
     }
+    // Ports published while the bubble runs (hostPort, NodePort, LoadBalancer): asked for by
+    // its supervisor over a socket pair, bound here (crate::host_ports).
+    let host_ports = match args.role {
+        Role::Controller | Role::Worker => Some(crate::host_ports::pair()?),
+        Role::Runtime => None,
+    };
     if let Some(pem) = client_ca(args)? {
         cluster::write_file(&node_dir.join(CLIENT_CA), &pem, 0o644)?;
     }
@@ -574,14 +583,13 @@ fn prepare_and_start(
     // The job's allocation, which the kubelet advertises as the Node's capacity
     // (hpk-node-resources reads these).
     env.extend(allocation_env(std::env::vars()));
+    let mut fd_names: Vec<&str> = sockets.iter().map(|(n, _, _)| n.as_str()).collect();
+    if host_ports.is_some() {
+        fd_names.push(crate::host_ports::FD_NAME);
+    }
     env.push(format!(
         "HPK_FDS={}",
-        sockets
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _, _))| format!("{n}={}", 3 + i))
-            .collect::<Vec<_>>()
-            .join(",")
+        fd_names.iter().enumerate().map(|(i, n)| format!("{n}={}", 3 + i)).collect::<Vec<_>>().join(",")
     ));
     let tun = preflight::tun_device();
     let config = spec::config(&spec::BubbleSpec {
@@ -626,12 +634,13 @@ fn prepare_and_start(
         .arg(&bundle)
         .arg("--pid-file")
         .arg(&pid_file)
-        .arg(format!("--preserve-fds={}", sockets.len()))
+        .arg(format!("--preserve-fds={}", fd_names.len()))
         .arg(&id)
         .stdin(Stdio::null())
         .stdout(log_file()?)
         .stderr(log_file()?);
-    let fd_refs: Vec<&OwnedFd> = sockets.iter().map(|(_, fd, _)| fd).collect();
+    let mut fd_refs: Vec<&OwnedFd> = sockets.iter().map(|(_, fd, _)| fd).collect();
+    fd_refs.extend(host_ports.as_ref().map(|(_, theirs)| theirs));
     fds::pass(&mut create, &fd_refs);
     let mut partial = Launched {
         id: id.clone(),
@@ -647,9 +656,11 @@ fn prepare_and_start(
         role: args.role,
         address: args.address,
         ports: sockets.iter().map(|(n, _, p)| (n.clone(), *p)).collect(),
+        host_ports: None,
     };
     let status = create.status().map_err(|e| Error::io("run", "crun create", e))?;
     drop(sockets); // the bubble holds them now
+    partial.host_ports = host_ports.map(|(ours, _theirs)| ours);
     if !status.success() {
         let tail = tail(&log, 20);
         partial.teardown();
@@ -811,6 +822,7 @@ fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> 
         ports: &launched.ports,
     };
     let mut published = launched.role == Role::Worker;
+    let mut host_ports = launched.host_ports.as_ref();
     loop {
         if !published {
             published = publish::try_publish(&launched.node_dir, &target)?;
@@ -825,10 +837,22 @@ fn wait(launched: &Launched, signals: &nix::sys::signal::SigSet) -> Result<i32> 
                 ),
             });
         }
-        let mut poll = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&fd), nix::poll::PollFlags::POLLIN)];
+        let mut poll =
+            vec![nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&fd), nix::poll::PollFlags::POLLIN)];
+        if let Some(ports) = &host_ports {
+            poll.push(nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(ports), nix::poll::PollFlags::POLLIN));
+        }
         // Checked more often until the bubble's files are published: the cluster waits on them.
         let tick: u16 = if published { 1000 } else { 200 };
         let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(tick));
+        let asked = poll.get(1).and_then(nix::poll::PollFd::revents).is_some_and(|r| !r.is_empty());
+        drop(poll);
+        if asked
+            && let Some(ports) = &host_ports
+            && !crate::host_ports::answer_pending(ports, launched.address)
+        {
+            host_ports = None;
+        }
         while let Ok(Some(info)) = fd.read_signal() {
             let signal = nix::sys::signal::Signal::try_from(info.ssi_signo as i32);
             match signal {

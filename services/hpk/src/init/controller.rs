@@ -150,6 +150,10 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     .await?;
 
     apply_node_rbac(&admin).await?;
+    // LoadBalancer Services get the nodes' addresses (super::service_lb), as its own identity.
+    apply_service_lb_rbac(&admin).await?;
+    let service_lb = client(&component("service-lb", super::service_lb::USER)?).await?;
+    tokio::spawn(super::service_lb::run(service_lb));
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
     wait(sup, "kube-controller-manager", "the default ServiceAccount", || {
         let accounts = accounts.clone();
@@ -276,6 +280,44 @@ async fn apply_node_rbac(admin: &kube::Client) -> Result<()> {
     };
     ignore_exists(
         Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &proxier).await,
+    )?;
+    Ok(())
+}
+
+/// What the load-balancer controller may do: read Services and Nodes, write Services' status.
+async fn apply_service_lb_rbac(admin: &kube::Client) -> Result<()> {
+    let name = super::service_lb::RBAC_NAME;
+    let rule = |resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    };
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        rules: Some(vec![
+            rule(&["services", "nodes"], &["get", "list", "watch"]),
+            rule(&["services/status"], &["patch", "update"]),
+        ]),
+        ..Default::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: super::service_lb::USER.into(),
+            ..Default::default()
+        }]),
+    };
+    ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)?;
+    ignore_exists(
+        Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await,
     )?;
     Ok(())
 }

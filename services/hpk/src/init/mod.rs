@@ -11,8 +11,10 @@ pub mod capped_log;
 mod controller;
 mod listener_owner;
 mod node;
+mod ports;
 mod relay;
 mod runtime;
+mod service_lb;
 mod supervisor;
 
 use std::net::Ipv4Addr;

@@ -143,6 +143,15 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
         "/usr/local/bin/kube-proxy",
         kube_proxy_args(&args.node, args.address, &kubeconfig),
     ))?;
+
+    // hostPort, NodePort and LoadBalancer ports on the host's address (super::ports).
+    let launcher = super::inherited_fd(crate::host_ports::FD_NAME).and_then(|fd| {
+        let sock = crate::fds::claim_seqpacket(fd)
+            .map_err(|e| Error::Invalid(format!("the host-ports socket: {e}")))?;
+        crate::host_ports::Client::new(sock)
+    })?;
+    let client = super::controller::client(&kubeconfig).await?;
+    tokio::spawn(super::ports::run(client, args.node.clone(), args.address, launcher));
     Ok(())
 }
 

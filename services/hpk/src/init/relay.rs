@@ -96,7 +96,8 @@ pub fn start(args: &InitArgs) -> Result<()> {
         std_listener.set_nonblocking(true).map_err(|e| Error::io("configure", name, e))?;
         let listener = TcpListener::from_std(std_listener).map_err(|e| Error::io("register", name, e))?;
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        tokio::spawn(run(listener, target, (*name).to_owned(), limits, owner.clone()));
+        let destination = Destination::Service { target, owner: owner.clone() };
+        tokio::spawn(run(listener, destination, (*name).to_owned(), limits));
     }
     Ok(())
 }
@@ -117,15 +118,21 @@ pub fn reserve_ports(file: &Path, ports: &[u16]) -> Result<()> {
     Ok(())
 }
 
-/// Accepts on `listener` for ever, relaying each admitted connection to `target` if `owner`
-/// finds the bubble's service listening there.
-pub async fn run(
-    listener: TcpListener,
-    target: SocketAddr,
-    name: String,
-    limits: Limits,
-    owner: Arc<ListenerOwner>,
-) {
+/// Where a port's connections go.
+#[derive(Clone)]
+pub enum Destination {
+    /// One of the bubble's own services on its loopback: every such service is TLS, so the
+    /// first-byte bound applies, and a connection is joined only to a listener of the
+    /// bubble's services (review L5).
+    Service { target: SocketAddr, owner: Arc<ListenerOwner> },
+    /// A pod's or a Service's port (hostPort, NodePort, LoadBalancer: `init::host_ports`): the
+    /// current target, which may change while the port stays published. Joined at once (the
+    /// application may speak first), with the same caps and idle bound.
+    App(tokio::sync::watch::Receiver<SocketAddr>),
+}
+
+/// Accepts on `listener` for ever, relaying each admitted connection to its destination.
+pub async fn run(listener: TcpListener, destination: Destination, name: String, limits: Limits) {
     let gate = Arc::new(Gate::new(limits));
     let squatted = Arc::new(hpk_rpc::log_limit::LogLimit::default());
     let mut refusals = RefusalLog::default();
@@ -133,7 +140,7 @@ pub async fn run(
         match listener.accept().await {
             Ok((client, peer)) => match gate.admit(peer.ip()) {
                 Ok(ticket) => {
-                    let upstream = Upstream { target, owner: owner.clone(), squatted: squatted.clone() };
+                    let upstream = Upstream { destination: destination.clone(), squatted: squatted.clone() };
                     tokio::spawn(relay(client, upstream, name.clone(), peer, ticket, limits));
                 }
                 Err(refusal) => {
@@ -280,20 +287,29 @@ impl RefusalLog {
 
 /// Where a relayed connection goes, and the check of who listens there.
 struct Upstream {
-    target: SocketAddr,
-    owner: Arc<ListenerOwner>,
+    destination: Destination,
     /// Refusals of a squatted port, logged a few every 10 s.
     squatted: Arc<hpk_rpc::log_limit::LogLimit>,
 }
 
 impl Upstream {
-    /// Checks that the listener is the bubble's service's, connects, and checks again: a
-    /// listener that takes the port between the two would have to be bound after the
-    /// service's closed, and the second check sees it.
+    /// Whether the client must speak first.
+    fn client_first(&self) -> bool {
+        matches!(self.destination, Destination::Service { .. })
+    }
+
+    /// Connects. For a service: checks that the listener is the bubble's service's,
+    /// connects, and checks again: a listener that takes the port between the two would have
+    /// to be bound after the service's closed, and the second check sees it.
     async fn connect(&self, name: &str, peer: SocketAddr) -> Option<TcpStream> {
-        self.check(name, peer).await?;
-        let stream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(self.target)).await
-        {
+        let target = match &self.destination {
+            Destination::Service { target, .. } => {
+                self.check(name, peer).await?;
+                *target
+            }
+            Destination::App(current) => *current.borrow(),
+        };
+        let stream = match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 tracing::debug!(port = %name, %peer, error = %e, "service not listening yet: connection closed");
@@ -301,13 +317,16 @@ impl Upstream {
             }
             Err(_) => return None,
         };
-        self.check(name, peer).await?;
+        if self.client_first() {
+            self.check(name, peer).await?;
+        }
         Some(stream)
     }
 
     /// Whether only the bubble's services listen on the target port; logs why not.
     async fn check(&self, name: &str, peer: SocketAddr) -> Option<()> {
-        let (owner, port) = (self.owner.clone(), self.target.port());
+        let Destination::Service { target, owner } = &self.destination else { return Some(()) };
+        let (owner, port) = (owner.clone(), target.port());
         let verdict = tokio::task::spawn_blocking(move || owner.check(port))
             .await
             .unwrap_or_else(|e| Err(format!("the check failed: {e}")));
@@ -332,19 +351,23 @@ async fn relay(
     limits: Limits,
 ) {
     let mut probe = [0u8; 1];
-    tokio::select! {
-        () = ticket.evict.cancelled() => {
-            tracing::debug!(port = %name, %peer, "closed a silent connection: its source opened newer ones");
-            return;
-        }
-        spoke = tokio::time::timeout(limits.first_byte, client.peek(&mut probe)) => match spoke {
-            Ok(Ok(n)) if n > 0 => ticket.spoke(),
-            Ok(_) => return,
-            Err(_) => {
-                tracing::debug!(port = %name, %peer, "closed a connection that sent nothing in time");
+    if !upstream.client_first() {
+        ticket.spoke();
+    } else {
+        tokio::select! {
+            () = ticket.evict.cancelled() => {
+                tracing::debug!(port = %name, %peer, "closed a silent connection: its source opened newer ones");
                 return;
             }
-        },
+            spoke = tokio::time::timeout(limits.first_byte, client.peek(&mut probe)) => match spoke {
+                Ok(Ok(n)) if n > 0 => ticket.spoke(),
+                Ok(_) => return,
+                Err(_) => {
+                    tracing::debug!(port = %name, %peer, "closed a connection that sent nothing in time");
+                    return;
+                }
+            },
+        }
     }
     let Some(upstream) = upstream.connect(&name, peer).await else { return };
     for s in [&client, &upstream] {
@@ -489,7 +512,7 @@ mod tests {
         });
         let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = front.local_addr().expect("addr");
-        tokio::spawn(run(front, target, "test".into(), limits, owner()));
+        tokio::spawn(run(front, Destination::Service { target, owner: owner() }, "test".into(), limits));
         addr
     }
 
@@ -519,7 +542,7 @@ mod tests {
         let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         // No process is a service here: the squatter's listener is nobody's.
         let no_service = Arc::new(ListenerOwner::new(Vec::new));
-        tokio::spawn(run(front, target, "test".into(), limits(), no_service));
+        tokio::spawn(run(front, Destination::Service { target, owner: no_service }, "test".into(), limits()));
         let mut conn = TcpStream::connect(addr).await.expect("connect");
         conn.write_all(b"secret").await.expect("write");
         let closed = closed_within(&mut conn, Duration::from_secs(5)).await;
@@ -577,10 +600,9 @@ mod tests {
         let addr = front.local_addr().expect("addr");
         tokio::spawn(run(
             front,
-            target,
+            Destination::Service { target, owner: owner() },
             "test".into(),
             Limits { idle: Duration::from_secs(30), ..limits() },
-            owner(),
         ));
         let mut client = TcpStream::connect(addr).await.expect("connect");
         client.write_all(b"x").await.expect("write");
@@ -692,5 +714,61 @@ mod tests {
         let large = Limits::for_descriptors(1 << 20, 3);
         assert_eq!((large.per_port, large.per_source), (16_384, 512));
         assert_eq!(Limits::for_descriptors(100, 1).per_port, 16, "never below a usable floor");
+    }
+
+    /// An application's port (hostPort, NodePort): a server that speaks first is joined at
+    /// once (no first-byte wait), and a changed target applies to the next connection.
+    #[tokio::test]
+    async fn an_application_port_joins_at_once_and_follows_its_target() {
+        async fn greeter(greeting: &'static [u8]) -> SocketAddr {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = l.local_addr().expect("addr");
+            tokio::spawn(async move {
+                while let Ok((mut conn, _)) = l.accept().await {
+                    let _ = conn.write_all(greeting).await;
+                }
+            });
+            addr
+        }
+        let (first, second) = (greeter(b"one\n").await, greeter(b"two\n").await);
+        let (tx, rx) = tokio::sync::watch::channel(first);
+        let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = front.local_addr().expect("addr");
+        // first_byte is 400 ms: a greeting read well within it, the client silent, shows the
+        // relay did not wait for the client.
+        tokio::spawn(run(front, Destination::App(rx), "app".into(), limits()));
+        let read_greeting = || async move {
+            let mut conn = TcpStream::connect(addr).await.expect("connect");
+            let mut buf = [0u8; 4];
+            tokio::time::timeout(Duration::from_millis(300), conn.read_exact(&mut buf))
+                .await
+                .expect("the greeting came before any client byte")
+                .expect("read");
+            buf
+        };
+        assert_eq!(&read_greeting().await, b"one\n");
+        tx.send(second).expect("retarget");
+        assert_eq!(&read_greeting().await, b"two\n");
+    }
+
+    /// An application's port keeps the caps: over the source's cap, closed on arrival.
+    #[tokio::test]
+    async fn an_application_port_keeps_the_source_cap() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+        let target = echo.local_addr().expect("addr");
+        let (_tx, rx) = tokio::sync::watch::channel(target);
+        let front = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = front.local_addr().expect("addr");
+        tokio::spawn(run(front, Destination::App(rx), "app".into(), limits()));
+        let mut held = Vec::new();
+        for _ in 0..limits().per_source {
+            held.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        // Let the relay admit them (each opens its upstream at once).
+        for _ in 0..limits().per_source {
+            let _ = tokio::time::timeout(Duration::from_secs(2), echo.accept()).await.expect("upstream");
+        }
+        let mut over = TcpStream::connect(addr).await.expect("connect");
+        assert!(closed_within(&mut over, Duration::from_secs(2)).await, "a connection over the cap was kept");
     }
 }
