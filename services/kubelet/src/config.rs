@@ -163,10 +163,37 @@ pub struct KubeletArgs {
     /// How often container logs are checked for rotation (`containerLogMonitorInterval`).
     #[arg(long, env = "HPK_CONTAINER_LOG_MONITOR_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub container_log_monitor_interval: Duration,
+    /// Image garbage collection starts when the images' filesystem is used at or above this
+    /// share, in percent (`imageGCHighThresholdPercent`; 100 turns it off).
+    #[arg(long, env = "HPK_IMAGE_GC_HIGH_THRESHOLD", default_value_t = 85,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_high_threshold: u8,
+    /// It frees down to this share (`imageGCLowThresholdPercent`; below the high threshold).
+    #[arg(long, env = "HPK_IMAGE_GC_LOW_THRESHOLD", default_value_t = 80,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_low_threshold: u8,
+    /// An image unused for less than this is never collected (`imageMinimumGCAge`).
+    #[arg(long, env = "HPK_IMAGE_MINIMUM_GC_AGE", default_value = "2m", value_parser = duration_or_zero)]
+    pub image_minimum_gc_age: Duration,
+    /// An image unused for longer than this is collected whatever the disk
+    /// (`imageMaximumGCAge`; by default, or 0, never).
+    #[arg(long, env = "HPK_IMAGE_MAXIMUM_GC_AGE", value_parser = duration_or_zero)]
+    pub image_maximum_gc_age: Option<Duration>,
+    /// How often images are looked at for collection (upstream's fixed 5 minutes).
+    #[arg(long, env = "HPK_IMAGE_GC_PERIOD", default_value = "5m", value_parser = parse_duration)]
+    pub image_gc_period: Duration,
     /// Serve the kubelet's diagnostics (`hpk.kubelet.v1`) on this UNIX socket; by default
     /// `<root-dir>/kubelet.sock`.
     #[arg(long, env = "HPK_KUBELET_DIAGNOSTICS_SOCKET")]
     pub diagnostics_socket: Option<PathBuf>,
+}
+
+/// A duration as `parse_duration` reads it, or zero (`0`, `0s`).
+fn duration_or_zero(text: &str) -> Result<Duration, String> {
+    match text {
+        "0" | "0s" => Ok(Duration::ZERO),
+        _ => parse_duration(text),
+    }
 }
 
 impl KubeletArgs {
@@ -356,6 +383,16 @@ mod tests {
         assert_eq!(defaults.container_log_max_size, 10 << 20);
         assert_eq!(defaults.container_log_max_files, 5);
         assert_eq!(defaults.container_log_monitor_interval, Duration::from_secs(10));
+        assert_eq!((defaults.image_gc_high_threshold, defaults.image_gc_low_threshold), (85, 80));
+        assert_eq!(defaults.image_minimum_gc_age, Duration::from_secs(120));
+        assert_eq!(defaults.image_maximum_gc_age, None);
+        assert!(parse(&["--image-gc-high-threshold=101"]).is_err());
+        let given = parse(&["--image-minimum-gc-age=0s", "--image-maximum-gc-age=1h"]).expect("given");
+        assert_eq!(
+            (given.image_minimum_gc_age, given.image_maximum_gc_age),
+            (Duration::ZERO, Some(Duration::from_secs(3600)))
+        );
+        assert!(parse(&["--image-minimum-gc-age=soon"]).is_err());
         let given = parse(&["--container-log-max-size=64Ki", "--container-log-max-files=2"]).expect("given");
         assert_eq!((given.container_log_max_size, given.container_log_max_files), (64 << 10, 2));
         for bad in

@@ -65,4 +65,29 @@ impl Events {
             }
         });
     }
+
+    /// Publishes `reason` about Node `node` (image garbage collection, eviction).
+    pub fn publish_node(&self, node: &str, kind: EventType, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            // As the upstream kubelet: a Node's events name it by its name as UID.
+            uid: Some(node.to_owned()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: kind,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        let recorder = Arc::clone(&self.recorder);
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(reason = %event.reason, node = ?reference.name, %error, "event not published");
+            }
+        });
+    }
 }

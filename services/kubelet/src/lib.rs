@@ -11,6 +11,7 @@ pub mod downward;
 mod error;
 pub mod events;
 pub mod gpus;
+pub mod image_gc;
 pub mod log_rotation;
 /// The bubble's ID mappings (`hpk-node-resources`).
 pub use hpk_node_resources::ids as idmap;

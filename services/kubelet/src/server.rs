@@ -114,6 +114,21 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
             interval: args.container_log_monitor_interval,
         };
         tokio::spawn(crate::log_rotation::run(ctx.cri.runtime.clone(), policy, shutdown.clone()));
+        let policy = crate::image_gc::Policy {
+            high_percent: args.image_gc_high_threshold,
+            low_percent: args.image_gc_low_threshold.min(args.image_gc_high_threshold),
+            min_age: args.image_minimum_gc_age,
+            max_age: args.image_maximum_gc_age.filter(|a| !a.is_zero()),
+            period: args.image_gc_period,
+        };
+        tokio::spawn(crate::image_gc::run(
+            ctx.cri.clone(),
+            args.root_dir.clone(),
+            policy,
+            ctx.events.clone(),
+            ctx.node_name.clone(),
+            shutdown.clone(),
+        ));
     }
 
     let listener = hpk_rpc::serve::Listener::unix(&args.diagnostics_socket())?;

@@ -1021,6 +1021,69 @@ async fn container_logs_are_rotated_and_followed_across_rotations() {
     assert!(n > *numbers.last().expect("lines"), "kubectl logs --tail=1 gave {last}");
 }
 
+/// Issue 25, image garbage collection with upstream's flags: thresholds of 0 % make every
+/// round collect. The image of a deleted pod is removed (a Normal event on the Node says so);
+/// the image of a running pod stays; what cannot be freed is a Warning FreeDiskSpaceFailed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unused_images_are_collected_and_images_in_use_kept() {
+    let args = [
+        "--image-gc-high-threshold=0",
+        "--image-gc-low-threshold=0",
+        "--image-minimum-gc-age=0s",
+        "--image-gc-period=1s",
+    ];
+    let Some(c) = Cluster::start_with_kubelet_args(None, &[], &args).await else { return };
+    let endpoint = format!("unix://{}", c.node.runtime_socket().display());
+    let images = || {
+        let out = Command::new("crictl")
+            .args(["--runtime-endpoint", &endpoint, "--image-endpoint", &endpoint, "images"])
+            .output()
+            .expect("crictl images");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let repo = |image: &str| image.rsplit_once(':').map_or(image, |(r, _)| r).to_owned();
+    let (shell_repo, httpd_repo) = (repo(&c.shell), repo(&c.httpd));
+    assert_ne!(shell_repo, httpd_repo, "the test needs two images");
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: keeper\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {}\n    command: [sleep, '3600']\n",
+        c.shell
+    ));
+    c.apply(&web(&c.httpd));
+    wait_running(&c, "keeper").await;
+    wait_running(&c, "web").await;
+    // Both pulled, and kept while in use (several rounds pass).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = images();
+    assert!(listed.contains(&shell_repo) && listed.contains(&httpd_repo), "{listed}");
+    c.kubectl(&["delete", "pod", "web", "--grace-period=1"]);
+    eventually(&c, "the deleted pod's image collected", Duration::from_secs(60), || async {
+        (!images().contains(&httpd_repo)).then_some(())
+    })
+    .await;
+    assert!(images().contains(&shell_repo), "the running pod's image was removed: {}", images());
+    let events = |reason: &str| {
+        c.kubectl(&[
+            "get",
+            "events",
+            &format!("--field-selector=involvedObject.kind=Node,reason={reason}"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+    };
+    let removed = eventually(&c, "an ImageGCRemoved event", Duration::from_secs(30), || async {
+        let e = events("ImageGCRemoved");
+        (!e.trim().is_empty()).then_some(e)
+    })
+    .await;
+    assert!(removed.contains(&httpd_repo), "{removed}");
+    let failed = eventually(&c, "a FreeDiskSpaceFailed event", Duration::from_secs(30), || async {
+        let e = events("FreeDiskSpaceFailed");
+        (!e.trim().is_empty()).then_some(e)
+    })
+    .await;
+    assert!(failed.contains("Attempted to free"), "{failed}");
+}
+
 /// Reads until the peer closes `conn` (end of stream or an error); how long after `started`,
 /// or `None` if it was still open `within` after the last byte.
 async fn closed_after<S: tokio::io::AsyncRead + Unpin>(
