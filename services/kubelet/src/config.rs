@@ -182,6 +182,15 @@ pub struct KubeletArgs {
     /// How often images are looked at for collection (upstream's fixed 5 minutes).
     #[arg(long, env = "HPK_IMAGE_GC_PERIOD", default_value = "5m", value_parser = parse_duration)]
     pub image_gc_period: Duration,
+    /// Hard eviction thresholds (`evictionHard`): `memory.available<100Mi` by default, and
+    /// `nodefs.available` at --disk-pressure-percent unless given here; percentages or
+    /// quantities.
+    #[arg(long, env = "HPK_EVICTION_HARD", default_value = "memory.available<100Mi",
+          value_parser = crate::eviction::parse_thresholds)]
+    pub eviction_hard: crate::eviction::Thresholds,
+    /// How often memory and disk are checked for eviction (upstream's housekeeping, 10 s).
+    #[arg(long, env = "HPK_EVICTION_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub eviction_interval: Duration,
     /// Serve the kubelet's diagnostics (`hpk.kubelet.v1`) on this UNIX socket; by default
     /// `<root-dir>/kubelet.sock`.
     #[arg(long, env = "HPK_KUBELET_DIAGNOSTICS_SOCKET")]

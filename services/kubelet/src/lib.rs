@@ -10,6 +10,7 @@ pub mod diag;
 pub mod downward;
 mod error;
 pub mod events;
+pub mod eviction;
 pub mod gpus;
 pub mod image_gc;
 pub mod log_rotation;

@@ -105,7 +105,15 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
         gpus,
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
-    let manager = tokio::spawn(pods::manager::run(ctx.clone(), shutdown.clone()));
+    // Eviction watches this machine's memory and disk: not in connector mode.
+    let eviction = (ctx.cri.remote.is_none()).then(|| {
+        let mut thresholds = args.eviction_hard;
+        thresholds.nodefs = thresholds
+            .nodefs
+            .or(Some(crate::eviction::Threshold::Percent(f64::from(args.disk_pressure_percent))));
+        (crate::eviction::Policy { thresholds, interval: args.eviction_interval }, args.root_dir.clone())
+    });
+    let manager = tokio::spawn(pods::manager::run(ctx.clone(), eviction, shutdown.clone()));
     // Container logs lie on this machine unless the runtime is remote (connector mode).
     if ctx.cri.remote.is_none() {
         let policy = crate::log_rotation::Policy {

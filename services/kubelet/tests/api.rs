@@ -1084,6 +1084,45 @@ async fn unused_images_are_collected_and_images_in_use_kept() {
     assert!(failed.contains("Attempted to free"), "{failed}");
 }
 
+/// Issue 25, eviction at a hard threshold (upstream's `--eviction-hard`): with a memory
+/// threshold no node can meet, the pod is evicted (Failed, reason Evicted, the message naming
+/// memory, a Warning event), and a critical pod is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_is_evicted_under_memory_pressure_and_a_critical_one_kept() {
+    let args = ["--eviction-hard=memory.available<100Pi", "--eviction-interval=1s"];
+    let Some(c) = Cluster::start_with_kubelet_args(None, &[], &args).await else { return };
+    let pod = |name: &str, namespace: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  terminationGracePeriodSeconds: 30\n{extra}  containers:\n  - name: c\n    image: {}\n    command: [sleep, '3600']\n",
+            c.shell
+        )
+    };
+    c.apply(&pod("critical", "kube-system", "  priorityClassName: system-node-critical\n"));
+    c.apply(&pod("hog", "default", ""));
+    let evicted = eventually(&c, "hog evicted", Duration::from_secs(60), || async {
+        let pod = c.pods("default").get("hog").await.ok()?;
+        let status = pod.status?;
+        (status.phase.as_deref() == Some("Failed")).then_some(status)
+    })
+    .await;
+    assert_eq!(evicted.reason.as_deref(), Some("Evicted"), "{evicted:?}");
+    let message = evicted.message.unwrap_or_default();
+    assert!(message.contains("low on resource: memory"), "{message}");
+    let events = c.kubectl(&[
+        "get",
+        "events",
+        "--field-selector=involvedObject.name=hog,reason=Evicted",
+        "-o",
+        "jsonpath={.items[*].type}",
+    ]);
+    assert_eq!(events.trim(), "Warning", "{events}");
+    // Several rounds later, the critical pod still runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let critical = c.pods("kube-system").get("critical").await.expect("critical");
+    let phase = critical.status.and_then(|s| s.phase);
+    assert_eq!(phase.as_deref(), Some("Running"), "a critical pod was evicted");
+}
+
 /// Reads until the peer closes `conn` (end of stream or an error); how long after `started`,
 /// or `None` if it was still open `within` after the last byte.
 async fn closed_after<S: tokio::io::AsyncRead + Unpin>(

@@ -19,13 +19,21 @@ use super::worker::{self, Msg};
 use super::{Adopted, Context, key};
 use crate::cri::CriError;
 
-/// The kubelet's pods until `shutdown`; pods keep running when it ends.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<(), CriError> {
+/// The kubelet's pods until `shutdown`; pods keep running when it ends. With `eviction`
+/// (its policy and the kubelet's root directory), the eviction manager runs too.
+pub async fn run(
+    ctx: Arc<Context>,
+    eviction: Option<(crate::eviction::Policy, std::path::PathBuf)>,
+    shutdown: CancellationToken,
+) -> Result<(), CriError> {
     let mut adopted = list_runtime(&ctx).await?;
     tracing::info!(pods = adopted.len(), "runtime listed");
     let workers: Arc<tokio::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Msg>>>> = Arc::default();
     tokio::spawn(forward_runtime_events(ctx.clone(), workers.clone(), shutdown.clone()));
     tokio::spawn(forward_node_readiness(ctx.clone(), workers.clone(), shutdown.clone()));
+    if let Some((policy, root)) = eviction {
+        tokio::spawn(crate::eviction::run(ctx.clone(), workers.clone(), policy, root, shutdown.clone()));
+    }
 
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));

@@ -54,6 +54,24 @@ impl Worker {
         self.stop_sandbox_of_completed_pod().await
     }
 
+    /// The eviction manager chose the pod: phase Failed with reason Evicted and its message,
+    /// a Warning event Evicted, its containers stopped within `grace`, its sandbox stopped as
+    /// a completed pod's (its requests freed at once).
+    pub(super) async fn evict(&mut self, grace: i64) -> Result<(), StepError> {
+        if self.state.reason.is_none() {
+            let message = self.state.evicted.clone().unwrap_or_default();
+            tracing::warn!(pod = %self.key, %message, "evicting the pod");
+            self.event(None, Kind::Warning, "Evicted", message.clone());
+            self.state.message.clone_from(&message);
+            self.state.reason = Some(("Evicted".into(), message));
+        }
+        self.state.phase = Phase::Failed;
+        self.state.step = Step::Completed;
+        self.stop_probes();
+        self.stop_all(grace).await;
+        self.stop_sandbox_of_completed_pod().await
+    }
+
     /// Stops every probe.
     pub(super) fn stop_probes(&mut self) {
         for (_, cancel) in self.probes.drain() {

@@ -41,6 +41,8 @@ pub enum Msg {
     /// The runtime reported a change to one of the pod's containers (or its event stream was
     /// re-established): read the containers' states again.
     Runtime,
+    /// The eviction manager chose the pod; the message says why.
+    Evict(String),
 }
 
 /// One pod's worker.
@@ -181,6 +183,11 @@ impl Worker {
             }
             Msg::Deleted => self.state.deleted = true,
             Msg::Runtime => self.refresh().await,
+            Msg::Evict(message) => {
+                if !self.state.phase.terminal() {
+                    self.state.evicted.get_or_insert(message);
+                }
+            }
         }
     }
 
@@ -285,6 +292,10 @@ impl Worker {
             }
             Action::DeadlineExceeded { grace } => {
                 self.deadline_exceeded(grace).await.map_err(pod_wide)?;
+                Ok(Flow::Stop)
+            }
+            Action::Evict { grace } => {
+                self.evict(grace).await.map_err(pod_wide)?;
                 Ok(Flow::Stop)
             }
             Action::Admit => Ok(if self.admit() { Flow::Replan } else { Flow::Stop }),

@@ -96,6 +96,8 @@ pub struct PodState {
     pub rejected: bool,
     /// The last problem worth showing (diagnostics).
     pub message: String,
+    /// The eviction manager chose the pod: why (the status message and event).
+    pub evicted: Option<String>,
 }
 
 impl PodState {
@@ -147,6 +149,7 @@ impl PodState {
             started,
             rejected: false,
             message: String::new(),
+            evicted: None,
         };
         state.add_ephemeral(pod);
         state
@@ -203,6 +206,12 @@ pub enum Action {
         /// The grace period, seconds.
         grace: i64,
     },
+    /// The eviction manager chose the pod (the node runs short of memory or disk): it fails
+    /// (Evicted), its containers stopped within `grace`.
+    Evict {
+        /// The grace period, seconds.
+        grace: i64,
+    },
     /// The worker is at this step now.
     Enter(Step),
     /// Every init container completed.
@@ -250,6 +259,9 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
     }
     if !state.admitted {
         return vec![Action::Admit];
+    }
+    if state.evicted.is_some() {
+        return vec![Action::Evict { grace: EVICTION_GRACE }];
     }
     let mut actions = Vec::new();
     if let Some(deadline) = active_deadline(pod, state) {
@@ -357,6 +369,10 @@ pub fn active_deadline(pod: &Pod, state: &PodState) -> Option<Instant> {
     let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
     Some(state.started? + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
 }
+
+/// The grace period of an evicted pod: a hard threshold was crossed, so, as upstream's, the
+/// pod is not given its own grace period (one second, preStop hooks not run).
+pub const EVICTION_GRACE: i64 = 1;
 
 /// The grace period of a terminating pod: the deletion's, else the spec's, else 30 s; a pod
 /// whose object vanished gets [`VANISHED_GRACE`].

@@ -317,6 +317,25 @@ fn a_pod_past_its_active_deadline_fails_and_an_updated_deadline_counts() {
 }
 
 #[test]
+fn an_evicted_pod_fails_at_once_unless_it_is_already_done_or_deleted() {
+    let pod = pod(json!({
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{"name": "app", "image": "busybox"}]
+    }));
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    run(&mut state.containers[0]);
+    state.evicted = Some("The node was low on resource: memory.".into());
+    // Its own grace period is not waited for.
+    assert_eq!(plan(&pod, &state, now), [Action::Evict { grace: EVICTION_GRACE }]);
+    state.deleted = true;
+    assert!(matches!(plan(&pod, &state, now)[..], [Action::Terminate { .. }]));
+    state.deleted = false;
+    state.phase = Phase::Failed;
+    assert_eq!(plan(&pod, &state, now), [Action::Complete { phase: None }]);
+}
+
+#[test]
 fn a_started_pod_from_the_api_keeps_its_age() {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
