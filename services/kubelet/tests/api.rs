@@ -1123,6 +1123,77 @@ async fn a_pod_is_evicted_under_memory_pressure_and_a_critical_one_kept() {
     assert_eq!(phase.as_deref(), Some("Running"), "a critical pod was evicted");
 }
 
+/// Issue 25, in-place resize (`kubectl patch --subresource resize`): a resize that fits is
+/// given (the container's status shows the new resources, the pod keeps running, the same
+/// container) and the node says it cannot apply limits here; one beyond the node's capacity
+/// stays pending as Infeasible, the old resources kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_is_resized_in_place_and_an_impossible_resize_is_pending() {
+    let Some(c) = Cluster::start().await else { return };
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: elastic\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {}\n    command: [sleep, '3600']\n    resources: {{requests: {{cpu: 100m, memory: 32Mi}}, limits: {{cpu: 200m, memory: 64Mi}}}}\n",
+        c.shell
+    ));
+    wait_running(&c, "elastic").await;
+    let id_before =
+        c.kubectl(&["get", "pod", "elastic", "-o", "jsonpath={.status.containerStatuses[0].containerID}"]);
+    let shown = |path: &str| {
+        c.kubectl(&[
+            "get",
+            "pod",
+            "elastic",
+            "-o",
+            &format!("jsonpath={{.status.containerStatuses[0].resources.{path}}}"),
+        ])
+    };
+    assert_eq!(shown("requests.cpu"), "100m");
+    c.kubectl(&[
+        "patch",
+        "pod",
+        "elastic",
+        "--subresource=resize",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m"}}}]}}"#,
+    ]);
+    eventually(&c, "the new CPU in the container's status", Duration::from_secs(30), || async {
+        (shown("requests.cpu") == "150m" && shown("limits.cpu") == "300m").then_some(())
+    })
+    .await;
+    let id_after =
+        c.kubectl(&["get", "pod", "elastic", "-o", "jsonpath={.status.containerStatuses[0].containerID}"]);
+    assert_eq!(id_before, id_after, "resized in place, not restarted");
+    let events = c.kubectl(&[
+        "get",
+        "events",
+        "--field-selector=involvedObject.name=elastic,reason=ResizeNotEnforced",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(events.contains("cannot apply them"), "the node says limits are not applied: {events}");
+    // Far beyond the node: pending, Infeasible, the given resources kept.
+    c.kubectl(&[
+        "patch",
+        "pod",
+        "elastic",
+        "--subresource=resize",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"c","resources":{"requests":{"cpu":"1000"},"limits":{"cpu":"1000"}}}]}}"#,
+    ]);
+    let reason = eventually(&c, "PodResizePending", Duration::from_secs(30), || async {
+        let r = c.kubectl(&[
+            "get",
+            "pod",
+            "elastic",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodResizePending\")].reason}",
+        ]);
+        (!r.is_empty()).then_some(r)
+    })
+    .await;
+    assert_eq!(reason, "Infeasible");
+    assert_eq!(shown("requests.cpu"), "150m");
+}
+
 /// Reads until the peer closes `conn` (end of stream or an error); how long after `started`,
 /// or `None` if it was still open `within` after the last byte.
 async fn closed_after<S: tokio::io::AsyncRead + Unpin>(

@@ -106,7 +106,7 @@ fn annotations(pod: &Pod, container: &Container, restart_count: u32) -> HashMap<
 
 /// CPU shares from the request (the limit when only that is set), CFS quota from the limit,
 /// memory limit from the limit, as the kubelet computes them.
-fn resources(container: &Container) -> Result<LinuxContainerResources, SpecError> {
+pub fn resources(container: &Container) -> Result<LinuxContainerResources, SpecError> {
     let get = |limits: bool, name: &str| -> Option<&Quantity> {
         let r = container.resources.as_ref()?;
         if limits { r.limits.as_ref()?.get(name) } else { r.requests.as_ref()?.get(name) }

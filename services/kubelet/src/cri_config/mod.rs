@@ -16,7 +16,7 @@ mod unmapped;
 #[cfg(test)]
 mod fixtures;
 
-pub use container::container_config;
+pub use container::{container_config, resources as linux_resources};
 pub use dns::DnsSettings;
 pub use env::{ResolvedEnv, resolve_env};
 pub use expand::expand;

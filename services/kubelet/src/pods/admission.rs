@@ -156,6 +156,45 @@ impl Admitted {
         Ok(())
     }
 
+    /// Gives admitted pod `uid` `req` instead of what it had (an in-place resize) if that fits
+    /// beside the others; otherwise it keeps what it had, and the answer says whether the node
+    /// could ever give it (`Infeasible`) or not now (`Deferred`), with a message.
+    pub fn resize(&mut self, uid: &str, req: Requests, alloc: Allocatable) -> Result<(), Rejection> {
+        for (name, asked, capacity) in
+            [("cpu", req.millicpu, alloc.millicpu), ("memory", req.memory, alloc.memory)]
+        {
+            if asked > capacity {
+                return Err(Rejection {
+                    reason: "Infeasible".into(),
+                    message: format!(
+                        "Node didn't have enough capacity: {name}, requested: {asked}, capacity: {capacity}"
+                    ),
+                });
+            }
+        }
+        let Some(old) = self.pods.remove(uid) else {
+            return Err(Rejection { reason: "Deferred".into(), message: "the pod is not admitted".into() });
+        };
+        let req = Requests { gpus: old.gpus, ..req };
+        let used = self.used();
+        for (name, asked, in_use, capacity) in [
+            ("cpu", req.millicpu, used.millicpu, alloc.millicpu),
+            ("memory", req.memory, used.memory, alloc.memory),
+        ] {
+            if asked > 0 && asked.saturating_add(in_use) > capacity {
+                self.pods.insert(uid.to_owned(), old);
+                return Err(Rejection {
+                    reason: "Deferred".into(),
+                    message: format!(
+                        "Node didn't have enough resource: {name}, requested: {asked}, used: {in_use}, capacity: {capacity}"
+                    ),
+                });
+            }
+        }
+        self.pods.insert(uid.to_owned(), req);
+        Ok(())
+    }
+
     /// Records a pod that already runs (adopted after a restart), fitting or not.
     pub fn adopt(&mut self, uid: &str, req: Requests) {
         self.pods.insert(uid.to_owned(), req);
@@ -224,5 +263,23 @@ mod tests {
         assert_eq!(admitted.admit("4", Requests::default(), alloc).expect_err("pods").reason, "OutOfpods");
         admitted.release("1");
         admitted.admit("2", r, alloc).expect("fits after release");
+    }
+
+    #[test]
+    fn a_resize_fits_beside_the_others_or_is_infeasible_or_deferred_and_keeps_the_old() {
+        let alloc = Allocatable { millicpu: 2000, memory: 1 << 30, gpus: 0, pods: 10 };
+        let mut admitted = Admitted::default();
+        let r = |millicpu| Requests { millicpu, memory: 0, gpus: 0 };
+        admitted.admit("a", r(500), alloc).expect("a");
+        admitted.admit("b", r(1000), alloc).expect("b");
+        admitted.resize("a", r(1000), alloc).expect("grows into what is free");
+        assert_eq!(admitted.used().millicpu, 2000);
+        let deferred = admitted.resize("a", r(1500), alloc).expect_err("b holds the rest");
+        assert_eq!(deferred.reason, "Deferred");
+        assert_eq!(admitted.used().millicpu, 2000, "the old requests are kept");
+        let infeasible = admitted.resize("a", r(3000), alloc).expect_err("more than the node");
+        assert_eq!(infeasible.reason, "Infeasible");
+        admitted.resize("a", r(100), alloc).expect("shrinks");
+        assert_eq!(admitted.used().millicpu, 1100);
     }
 }

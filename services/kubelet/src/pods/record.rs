@@ -48,6 +48,9 @@ pub enum State {
 pub struct ContainerRecord {
     /// Its name in the spec.
     pub name: String,
+    /// The resources it was given (its spec's at admission, a resize's since): what
+    /// `status.containerStatuses[].resources` shows.
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
     /// An init container.
     pub init: bool,
     /// An init container with `restartPolicy: Always` (a native sidecar): it runs beside the
@@ -89,6 +92,7 @@ impl ContainerRecord {
     pub fn new(name: &str, image: &str, init: bool) -> Self {
         Self {
             name: name.to_owned(),
+            resources: None,
             init,
             sidecar: false,
             ephemeral: false,

@@ -44,6 +44,7 @@ impl Worker {
             start_time: self.state.start_time,
             containers: &self.state.containers,
             node_not_ready: (!node.ready).then_some(node.message.as_str()),
+            resize_pending: self.state.resize_pending.as_ref(),
         };
         let computed = status::compute(&pod, &view, Timestamp::now());
         let comparable = serde_json::to_value(&computed).unwrap_or_default();

@@ -65,6 +65,9 @@ pub struct View<'a> {
     /// (a connector's runtime out of reach, say), so Ready is False, as the node lifecycle
     /// controller marks the pods of a node it lost.
     pub node_not_ready: Option<&'a str>,
+    /// A resize the node cannot give now: `PodResizePending`'s reason (Infeasible, Deferred)
+    /// and message.
+    pub resize_pending: Option<&'a (String, String)>,
 }
 
 /// The runtime's container id as Kubernetes shows it.
@@ -112,6 +115,7 @@ fn container_status(c: &ContainerRecord) -> ContainerStatus {
         restart_count: i32::try_from(c.restart_count).unwrap_or(i32::MAX),
         state: Some(state),
         last_state: Some(c.last.as_ref().map(exit_state).unwrap_or_default()),
+        resources: c.resources.clone(),
         ..ContainerStatus::default()
     }
 }
@@ -206,7 +210,14 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
         },
         condition(&previous, "ContainersReady", containers_ready, Some(ready_reason), unready_message, now),
     ];
-    let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
+    if let Some((reason, message)) = view.resize_pending.filter(|_| !terminal) {
+        // Present while pending, as upstream's (its status True).
+        let mut pending =
+            condition(&previous, "PodResizePending", false, Some(reason), Some(message.clone()), now);
+        pending.status = "True".into();
+        conditions.push(pending);
+    }
+    let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodResizePending"];
     conditions.extend(previous.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
     let rejected = view.rejected;
     let pod_ips = view.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect::<Vec<_>>();
@@ -281,7 +292,32 @@ mod tests {
             start_time: Some(Timestamp::UNIX_EPOCH),
             containers: std::slice::from_ref(c),
             node_not_ready,
+            resize_pending: None,
         }
+    }
+
+    #[test]
+    fn a_pending_resize_is_a_condition_and_the_given_resources_are_shown() {
+        let mut c = running("a");
+        c.resources =
+            Some(serde_json::from_value(serde_json::json!({"requests": {"cpu": "100m"}})).expect("r"));
+        let ips = ["10.244.0.5".to_owned()];
+        let pending = ("Infeasible".to_owned(), "Node didn't have enough capacity: cpu".to_owned());
+        let view = View { resize_pending: Some(&pending), ..running_view(&c, &ips, None) };
+        let status = compute(&pod(), &view, Timestamp::now());
+        let condition = find(&status, "PodResizePending");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_deref(), condition.message.as_deref()),
+            ("True", Some("Infeasible"), Some(pending.1.as_str()))
+        );
+        let shown =
+            status.container_statuses.clone().expect("statuses")[0].resources.clone().expect("resources");
+        assert_eq!(shown.requests.expect("requests")["cpu"].0, "100m");
+        // Given (or given up): the condition goes.
+        let mut with_it = pod();
+        with_it.status = Some(status);
+        let status = compute(&with_it, &running_view(&c, &ips, None), Timestamp::now());
+        assert!(status.conditions.expect("conditions").iter().all(|c| c.type_ != "PodResizePending"));
     }
 
     #[test]
@@ -342,6 +378,7 @@ mod tests {
             start_time: None,
             containers: &records,
             node_not_ready: None,
+            resize_pending: None,
         };
         let status = compute(&pod(), &view, Timestamp::now());
         let init = find(&status, "Initialized");

@@ -211,6 +211,12 @@ impl Worker {
         if self.state.admitted {
             // An adopted pod whose status never reached the API.
             self.state.start_now();
+            if !self.state.phase.terminal()
+                && !self.state.deleted
+                && self.pod.metadata.deletion_timestamp.is_none()
+            {
+                self.resize().await;
+            }
         }
         for _ in 0..MAX_ROUNDS {
             let actions = plan::plan(&self.pod, &self.state, Instant::now());
@@ -362,6 +368,98 @@ impl Worker {
     }
 
     /// Admission: the pod's requests against what the node has left.
+    /// An in-place resize (`kubectl patch --subresource resize`): when the spec's CPU or
+    /// memory of a container differs from what it was given, the node's admission is asked
+    /// again for the pod's new requests. If they fit, each container is given its new
+    /// resources (status.containerStatuses[].resources) and the runtime is asked to apply them
+    /// to the running ones (CRI UpdateContainerResources); where it cannot — no cgroup is
+    /// delegated, so limits are not enforced — a Warning event `ResizeNotEnforced` says so with
+    /// the runtime's reason. If they do not fit, nothing changes and `PodResizePending` says
+    /// why (Infeasible: more than the node has; Deferred: not beside the other pods now); it
+    /// is tried again on the next change or sync.
+    async fn resize(&mut self) {
+        let spec = self.pod.spec.clone().unwrap_or_default();
+        let wanted: Vec<(String, k8s_openapi::api::core::v1::ResourceRequirements)> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .map(|c| (c.name.clone(), plan::cpu_and_memory(c.resources.as_ref())))
+            .collect();
+        let changed: Vec<usize> = self
+            .state
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.ephemeral)
+            .filter(|(_, r)| wanted.iter().any(|(n, w)| *n == r.name && r.resources.as_ref() != Some(w)))
+            .map(|(i, _)| i)
+            .collect();
+        if changed.is_empty() {
+            self.state.resize_pending = None;
+            return;
+        }
+        let verdict = admission::requests(&self.pod)
+            .map_err(|e| ("Infeasible".to_owned(), e.to_string()))
+            .and_then(|req| {
+                let node = self.ctx.node.borrow().clone();
+                let alloc = admission::Allocatable {
+                    millicpu: node.allocatable.millicpu,
+                    memory: node.allocatable.memory,
+                    gpus: node.allocatable.gpus,
+                    pods: node.allocatable.pods,
+                };
+                lock(&self.ctx.admitted).resize(&self.uid, req, alloc).map_err(|r| (r.reason, r.message))
+            });
+        if let Err(pending) = verdict {
+            if self.state.resize_pending.as_ref() != Some(&pending) {
+                tracing::info!(pod = %self.key, reason = %pending.0, message = %pending.1, "resize pending");
+            }
+            self.state.resize_pending = Some(pending);
+            return;
+        }
+        self.state.resize_pending = None;
+        let mut not_enforced = None;
+        for i in changed {
+            let name = self.state.containers[i].name.clone();
+            let Some((_, want)) = wanted.iter().find(|(n, _)| *n == name) else { continue };
+            self.state.containers[i].resources = Some(want.clone());
+            let (Some(id), true) = (self.state.containers[i].id.clone(), self.state.containers[i].running())
+            else {
+                continue;
+            };
+            let Some(container) =
+                spec.init_containers.iter().flatten().chain(&spec.containers).find(|c| c.name == name)
+            else {
+                continue;
+            };
+            let linux = crate::cri_config::linux_resources(container).ok();
+            let applied = self
+                .ctx
+                .cri
+                .runtime
+                .clone()
+                .update_container_resources(k8s_cri::v1::UpdateContainerResourcesRequest {
+                    container_id: id,
+                    linux,
+                    ..Default::default()
+                })
+                .await;
+            if let Err(e) = applied {
+                not_enforced.get_or_insert_with(|| e.message().to_owned());
+            }
+        }
+        tracing::info!(pod = %self.key, "resized");
+        if let Some(why) = not_enforced {
+            self.event(
+                None,
+                Kind::Warning,
+                "ResizeNotEnforced",
+                format!("the pod's new resources are recorded, but this node cannot apply them to its containers: {why}"),
+            );
+        }
+    }
+
     fn admit(&mut self) -> bool {
         self.state.step = Step::Admitting;
         let verdict = admission::requests(&self.pod)

@@ -98,6 +98,8 @@ pub struct PodState {
     pub message: String,
     /// The eviction manager chose the pod: why (the status message and event).
     pub evicted: Option<String>,
+    /// A resize the node cannot give now: reason (Infeasible, Deferred) and message.
+    pub resize_pending: Option<(String, String)>,
 }
 
 impl PodState {
@@ -108,6 +110,7 @@ impl PodState {
         let record = |c: &k8s_openapi::api::core::v1::Container, init| {
             let mut record = ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""), init);
             record.sidecar = init && c.restart_policy.as_deref() == Some("Always");
+            record.resources = Some(cpu_and_memory(c.resources.as_ref()));
             record
         };
         let mut containers: Vec<ContainerRecord> =
@@ -119,6 +122,10 @@ impl PodState {
             {
                 if let Some(r) = containers.iter_mut().find(|r| r.name == cs.name) {
                     r.restart_count = u32::try_from(cs.restart_count).unwrap_or(0);
+                    // What a resize gave it, if the spec has moved on (kubelet restart).
+                    if cs.resources.is_some() {
+                        r.resources.clone_from(&cs.resources);
+                    }
                 }
             }
         }
@@ -150,6 +157,7 @@ impl PodState {
             rejected: false,
             message: String::new(),
             evicted: None,
+            resize_pending: None,
         };
         state.add_ephemeral(pod);
         state
@@ -368,6 +376,30 @@ pub fn restart_policy(pod: &Pod) -> RestartPolicy {
 pub fn active_deadline(pod: &Pod, state: &PodState) -> Option<Instant> {
     let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
     Some(state.started? + Duration::from_secs(u64::try_from(seconds).unwrap_or(0)))
+}
+
+/// The CPU and memory of a container's resources (what a resize changes, and what its status
+/// shows, as upstream's).
+pub fn cpu_and_memory(
+    r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>,
+) -> k8s_openapi::api::core::v1::ResourceRequirements {
+    let keep = |m: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        m.as_ref()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| *k == "cpu" || *k == "memory")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            })
+            .filter(|m| !m.is_empty())
+    };
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: r.and_then(|r| keep(&r.limits)),
+        requests: r.and_then(|r| keep(&r.requests)),
+        ..Default::default()
+    }
 }
 
 /// The grace period of an evicted pod: a hard threshold was crossed, so, as upstream's, the
