@@ -25,7 +25,7 @@ DIST_IMAGE_TARGET :=
 CARGO_PROFILE_FLAG :=
 endif
 
-.PHONY: all build binaries images release-images static-hpk develop dist test test-unit ci bench clean
+.PHONY: all build binaries images release-images static-hpk develop dist test test-unit ci bench conformance clean
 
 all: build
 
@@ -77,6 +77,11 @@ ci:
 
 bench:
 	$(CARGO) bench -p hpk-cert-signer --bench signing
+
+# Upstream's e2e conformance suite against `hpk up --nodes 2` (docs/conformance.md); as root.
+# CONFORMANCE_ARGS, e.g. --focus '\[sig-node\].*\[Conformance\]' --known-failures FILE.
+conformance:
+	scripts/conformance.sh $(CONFORMANCE_ARGS)
 
 clean:
 	$(CARGO) clean
