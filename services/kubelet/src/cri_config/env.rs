@@ -47,13 +47,11 @@ impl ResolvedEnv {
     }
 }
 
-/// A valid environment variable name as the kubelet checks `envFrom` keys:
-/// `[-._a-zA-Z][-._a-zA-Z0-9]*`.
+/// A valid environment variable name as the kubelet checks `envFrom` keys since 1.34
+/// (RelaxedEnvironmentVariableValidation, GA): one or more printable ASCII characters, `=`
+/// excepted.
 fn is_env_var_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    let ok_rest = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || matches!(c, '-' | '.' | '_'))
-        && chars.all(ok_rest)
+    !name.is_empty() && name.chars().all(|c| (' '..='~').contains(&c) && c != '=')
 }
 
 /// ConfigMaps and Secrets read once per resolution, absent ones remembered as `None`.
@@ -280,7 +278,7 @@ mod tests {
 
     fn objects() -> FakeObjects {
         FakeObjects::default()
-            .with_config_map("cm", &[("color", "blue"), ("size", "L"), ("1bad", "x"), ("has space", "y")])
+            .with_config_map("cm", &[("color", "blue"), ("size", "L"), ("1bad", "x"), ("has=equals", "y")])
             .with_secret("sec", &[("password", "hunter2"), ("user", "admin")])
     }
 
@@ -307,7 +305,7 @@ mod tests {
                 ("FIRST", "again-1"),
             ]
         );
-        assert_eq!(env.skipped, ["CM_has space"]);
+        assert_eq!(env.skipped, ["CM_has=equals"]);
         assert_eq!(env.get("user"), Some("root"));
         assert_eq!(env.to_map().len(), 6);
     }
@@ -320,11 +318,12 @@ mod tests {
         )
         .await
         .expect("resolves");
-        assert_eq!(pairs(&env), [("color", "blue"), ("size", "L")]);
-        assert_eq!(env.skipped, ["1bad", "has space"]);
+        // Since 1.34 a name may start with a digit (any printable ASCII but `=`).
+        assert_eq!(pairs(&env), [("1bad", "x"), ("color", "blue"), ("size", "L")]);
+        assert_eq!(env.skipped, ["has=equals"]);
         assert_eq!(
             env.warnings,
-            ["Keys [1bad, has space] from the EnvFrom configMap default/cm were skipped since they are \
+            ["Keys [has=equals] from the EnvFrom configMap default/cm were skipped since they are \
               considered invalid environment variable names."]
         );
     }
@@ -463,10 +462,10 @@ mod tests {
 
     #[test]
     fn env_var_names_follow_the_kubelet_rule() {
-        for good in ["A", "a_b", "-x", ".x", "x.y-z9", "_"] {
+        for good in ["A", "a_b", "-x", ".x", "x.y-z9", "_", "1a", "a b", "data-1", "$x"] {
             assert!(is_env_var_name(good), "{good}");
         }
-        for bad in ["", "1a", "a b", "a=b", "é"] {
+        for bad in ["", "a=b", "é", "tab\there", "nl\n"] {
             assert!(!is_env_var_name(bad), "{bad}");
         }
     }

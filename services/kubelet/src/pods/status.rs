@@ -110,7 +110,9 @@ fn container_status(c: &ContainerRecord) -> ContainerStatus {
         image: c.image.clone(),
         image_id: c.image_id.clone(),
         container_id: c.id.as_deref().map(container_id),
-        ready: c.ready && c.running(),
+        // A completed init container counts as ready, as upstream shows it.
+        ready: (c.ready && c.running())
+            || (c.init && !c.sidecar && c.exit().is_some_and(|e| e.exit_code == 0)),
         started: Some(c.running() && c.started),
         restart_count: i32::try_from(c.restart_count).unwrap_or(i32::MAX),
         state: Some(state),
@@ -234,12 +236,29 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
         // A rejected pod never had containers (kubectl then shows its reason, e.g. OutOfcpu).
         init_container_statuses: (!rejected)
             .then(|| view.containers.iter().filter(|c| c.init).map(container_status).collect()),
-        container_statuses: (!rejected).then(|| mains.iter().map(|c| container_status(c)).collect()),
+        container_statuses: (!rejected).then(|| {
+            mains
+                .iter()
+                .map(|c| {
+                    let mut status = container_status(c);
+                    // Not created yet behind init containers: PodInitializing, as upstream.
+                    if !initialized
+                        && let Some(waiting) = status.state.as_mut().and_then(|s| s.waiting.as_mut())
+                        && waiting.reason.as_deref() == Some("ContainerCreating")
+                    {
+                        waiting.reason = Some("PodInitializing".into());
+                    }
+                    status
+                })
+                .collect()
+        }),
         ephemeral_container_statuses: Some(
             view.containers.iter().filter(|c| c.ephemeral).map(container_status).collect::<Vec<_>>(),
         )
         .filter(|statuses| !statuses.is_empty()),
         qos_class: pod.status.as_ref().and_then(|s| s.qos_class.clone()),
+        // The generation of the spec this status answers (status.observedGeneration).
+        observed_generation: pod.metadata.generation,
         ..PodStatus::default()
     }
 }
@@ -391,5 +410,32 @@ mod tests {
         let t = s.state.as_ref().and_then(|s| s.terminated.as_ref()).expect("terminated");
         assert_eq!((t.exit_code, t.reason.as_deref()), (1, Some("Error")));
         assert!(!status.container_statuses.as_ref().expect("mains")[0].ready);
+        // Behind a failed init container, the app container never left PodInitializing; the
+        // failed init container is not ready.
+        let waiting = status.container_statuses.as_ref().expect("mains")[0].state.clone().expect("state");
+        assert_eq!(waiting.waiting.and_then(|w| w.reason).as_deref(), Some("PodInitializing"));
+        assert!(!s.ready);
+    }
+
+    #[test]
+    fn a_completed_init_container_is_ready_and_the_generation_is_observed() {
+        let mut init = ContainerRecord::new("setup", "i", true);
+        init.state = State::Terminated(Exit {
+            exit_code: 0,
+            reason: "Completed".into(),
+            message: String::new(),
+            started_at: None,
+            finished_at: None,
+            container_id: "x".into(),
+        });
+        let main = running("a");
+        let records = [init, main];
+        let ips = IPS.map(str::to_owned);
+        let view = View { containers: &records, ..running_view(&records[1], &ips, None) };
+        let mut p = pod();
+        p.metadata.generation = Some(3);
+        let status = compute(&p, &view, Timestamp::now());
+        assert!(status.init_container_statuses.as_ref().expect("init")[0].ready);
+        assert_eq!(status.observed_generation, Some(3));
     }
 }
