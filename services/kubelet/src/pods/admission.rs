@@ -117,13 +117,75 @@ pub struct Allocatable {
     pub pods: i64,
 }
 
+/// A host port a pod asks for: protocol, host IP (empty: every address) and port.
+pub type HostPort = (String, String, i32);
+
+/// The host ports `pod`'s containers (and sidecars) ask for.
+pub fn host_ports(pod: &Pod) -> Vec<HostPort> {
+    let Some(spec) = &pod.spec else { return Vec::new() };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .chain(&spec.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let port = p.host_port.filter(|h| *h > 0)?;
+            let ip = p.host_ip.clone().filter(|ip| ip != "0.0.0.0").unwrap_or_default();
+            Some((p.protocol.clone().unwrap_or_else(|| "TCP".into()), ip, port))
+        })
+        .collect()
+}
+
+/// Whether two host ports clash: same protocol and port, and the same host IP or either on
+/// every address (the scheduler's NodePorts rule).
+fn clash(a: &HostPort, b: &HostPort) -> bool {
+    a.0 == b.0 && a.2 == b.2 && (a.1 == b.1 || a.1.is_empty() || b.1.is_empty())
+}
+
 /// The pods admitted on this node and what they asked for.
 #[derive(Debug, Default)]
 pub struct Admitted {
     pods: HashMap<String, Requests>,
+    ports: HashMap<String, Vec<HostPort>>,
 }
 
 impl Admitted {
+    /// Admits pod `uid` as [`Admitted::admit`] does, and only if none of its host ports
+    /// clashes with another admitted pod's (rejected `NodePorts`, as the scheduler's rule the
+    /// kubelet runs again at admission).
+    pub fn admit_with_ports(
+        &mut self,
+        uid: &str,
+        req: Requests,
+        ports: Vec<HostPort>,
+        alloc: Allocatable,
+    ) -> Result<(), Rejection> {
+        if !self.pods.contains_key(uid) {
+            for (other, theirs) in &self.ports {
+                if other == uid {
+                    continue;
+                }
+                if let Some(p) = ports.iter().find(|p| theirs.iter().any(|t| clash(p, t))) {
+                    return Err(Rejection {
+                        reason: "NodePorts".into(),
+                        message: format!(
+                            "Pod was rejected: Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports ({} {}{})",
+                            p.0,
+                            if p.1.is_empty() { String::new() } else { format!("{}:", p.1) },
+                            p.2
+                        ),
+                    });
+                }
+            }
+        }
+        self.admit(uid, req, alloc)?;
+        if !ports.is_empty() {
+            self.ports.insert(uid.to_owned(), ports);
+        }
+        Ok(())
+    }
+
     /// Admits pod `uid` asking `req` if it fits in `alloc` beside the others; otherwise the
     /// reason (OutOfcpu …) and message of the rejection.
     pub fn admit(&mut self, uid: &str, req: Requests, alloc: Allocatable) -> Result<(), Rejection> {
@@ -196,13 +258,17 @@ impl Admitted {
     }
 
     /// Records a pod that already runs (adopted after a restart), fitting or not.
-    pub fn adopt(&mut self, uid: &str, req: Requests) {
+    pub fn adopt(&mut self, uid: &str, req: Requests, ports: Vec<HostPort>) {
         self.pods.insert(uid.to_owned(), req);
+        if !ports.is_empty() {
+            self.ports.insert(uid.to_owned(), ports);
+        }
     }
 
     /// Forgets pod `uid`.
     pub fn release(&mut self, uid: &str) {
         self.pods.remove(uid);
+        self.ports.remove(uid);
     }
 
     /// The sum of the admitted pods' requests.
@@ -281,5 +347,47 @@ mod tests {
         assert_eq!(infeasible.reason, "Infeasible");
         admitted.resize("a", r(100), alloc).expect("shrinks");
         assert_eq!(admitted.used().millicpu, 1100);
+    }
+
+    #[test]
+    fn a_host_port_another_pod_holds_is_rejected_and_free_again_once_it_goes() {
+        let alloc = Allocatable { millicpu: 2000, memory: 1 << 30, gpus: 0, pods: 10 };
+        let port = |proto: &str, ip: &str, p| (proto.to_owned(), ip.to_owned(), p);
+        let mut admitted = Admitted::default();
+        admitted.admit_with_ports("a", Requests::default(), vec![port("TCP", "", 8080)], alloc).expect("a");
+        let r = admitted
+            .admit_with_ports("b", Requests::default(), vec![port("TCP", "10.0.0.1", 8080)], alloc)
+            .expect_err("any address clashes");
+        assert_eq!(r.reason, "NodePorts");
+        assert!(r.message.contains("8080"), "{}", r.message);
+        // Another protocol, or another port: fine.
+        admitted.admit_with_ports("c", Requests::default(), vec![port("UDP", "", 8080)], alloc).expect("udp");
+        admitted
+            .admit_with_ports("d", Requests::default(), vec![port("TCP", "", 8081)], alloc)
+            .expect("8081");
+        admitted.release("a");
+        admitted
+            .admit_with_ports("b", Requests::default(), vec![port("TCP", "10.0.0.1", 8080)], alloc)
+            .expect("freed");
+        // Two host IPs side by side.
+        admitted
+            .admit_with_ports("e", Requests::default(), vec![port("TCP", "10.0.0.2", 8080)], alloc)
+            .expect("ip");
+    }
+
+    #[test]
+    fn host_ports_are_read_from_containers_and_sidecars() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": {
+            "initContainers": [
+                {"name": "once", "image": "i", "ports": [{"containerPort": 1, "hostPort": 1001}]},
+                {"name": "side", "image": "i", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 1002}]}],
+            "containers": [{"name": "c", "image": "i", "ports": [
+                {"containerPort": 3, "hostPort": 1003, "protocol": "UDP", "hostIP": "0.0.0.0"},
+                {"containerPort": 4}]}]}}))
+        .expect("pod");
+        assert_eq!(
+            host_ports(&pod),
+            [("TCP".to_owned(), String::new(), 1002), ("UDP".to_owned(), String::new(), 1003)]
+        );
     }
 }

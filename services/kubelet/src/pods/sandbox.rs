@@ -144,7 +144,7 @@ impl Worker {
         }
         self.state.initialized = self.state.initialized || plan::adopted_initialized(&self.state.containers);
         if let Ok(req) = super::admission::requests(&self.pod) {
-            super::lock(&self.ctx.admitted).adopt(&self.uid, req);
+            super::lock(&self.ctx.admitted).adopt(&self.uid, req, super::admission::host_ports(&self.pod));
             self.state.admitted = true;
         }
         tracing::info!(pod = %self.key, sandbox = %sandbox.id, "adopted the running pod");

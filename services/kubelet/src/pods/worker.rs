@@ -472,7 +472,9 @@ impl Worker {
                     gpus: node.allocatable.gpus,
                     pods: node.allocatable.pods,
                 };
-                lock(&self.ctx.admitted).admit(&self.uid, req, alloc).map_err(|r| (r.reason, r.message))
+                lock(&self.ctx.admitted)
+                    .admit_with_ports(&self.uid, req, admission::host_ports(&self.pod), alloc)
+                    .map_err(|r| (r.reason, r.message))
             });
         match verdict {
             Ok(()) => {
