@@ -66,6 +66,18 @@ pub fn unblock_signals(cmd: &mut std::process::Command) {
 /// Claims inherited descriptor `fd` as a listening TCP socket (as `bubble-init` receives the
 /// published ports); refuses anything else. Call at most once per descriptor.
 pub fn claim_listener(fd: RawFd) -> std::io::Result<std::net::TcpListener> {
+    claim_socket(fd, nix::sys::socket::SockType::Stream, true).map(std::net::TcpListener::from)
+}
+
+/// Claims inherited descriptor `fd` as a `SOCK_SEQPACKET` socket (the bubble's end of the
+/// host-ports pair); refuses anything else. Call at most once per descriptor.
+pub fn claim_seqpacket(fd: RawFd) -> std::io::Result<OwnedFd> {
+    claim_socket(fd, nix::sys::socket::SockType::SeqPacket, false)
+}
+
+/// Claims inherited descriptor `fd` if it is an open socket of type `kind` (and listening,
+/// when `listening`), close-on-exec from now on.
+fn claim_socket(fd: RawFd, kind: nix::sys::socket::SockType, listening: bool) -> std::io::Result<OwnedFd> {
     use std::os::fd::{BorrowedFd, FromRawFd};
     if fd < 3 {
         return Err(std::io::Error::other(format!("descriptor {fd} is a standard stream")));
@@ -74,21 +86,23 @@ pub fn claim_listener(fd: RawFd) -> std::io::Result<std::net::TcpListener> {
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return Err(std::io::Error::other(format!("descriptor {fd} is not open")));
     }
-    // SAFETY: checked open just above; borrowed only for the two getsockopt calls.
+    // SAFETY: checked open just above; borrowed only for the getsockopt calls.
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let kind = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
+    let actual = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
         .map_err(|e| std::io::Error::other(format!("descriptor {fd} is not a socket: {e}")))?;
-    let listening = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::AcceptConn)
+    let accepting = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::AcceptConn)
         .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
-    if kind != nix::sys::socket::SockType::Stream || !listening {
-        return Err(std::io::Error::other(format!("descriptor {fd} is not a listening TCP socket")));
+    if actual != kind || accepting != listening {
+        let what =
+            if listening { format!("a listening {kind:?} socket") } else { format!("a {kind:?} socket") };
+        return Err(std::io::Error::other(format!("descriptor {fd} is not {what}")));
     }
-    // SAFETY: an open, listening stream socket nothing else in this process owns (claimed once,
-    // right after start); ownership moves into the listener, which closes it.
-    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-    nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+    // SAFETY: an open socket of the expected kind nothing else in this process owns (claimed
+    // once, right after start); ownership moves into the OwnedFd, which closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(&owned, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
         .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
-    Ok(listener)
+    Ok(owned)
 }
 
 /// Takes ownership of descriptors the kernel installed in this process for a received
@@ -100,30 +114,4 @@ pub fn own_received(raw: &[RawFd]) -> Vec<OwnedFd> {
         // message; nothing else refers to them, and each is adopted once.
         .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
         .collect()
-}
-
-/// Claims inherited descriptor `fd` as a `SOCK_SEQPACKET` socket (the bubble's end of the
-/// host-ports pair); refuses anything else. Call at most once per descriptor.
-pub fn claim_seqpacket(fd: RawFd) -> std::io::Result<OwnedFd> {
-    use std::os::fd::{BorrowedFd, FromRawFd};
-    if fd < 3 {
-        return Err(std::io::Error::other(format!("descriptor {fd} is a standard stream")));
-    }
-    // SAFETY: F_GETFD only inspects the descriptor table entry.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(std::io::Error::other(format!("descriptor {fd} is not open")));
-    }
-    // SAFETY: checked open just above; borrowed only for the getsockopt call.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let kind = nix::sys::socket::getsockopt(&borrowed, nix::sys::socket::sockopt::SockType)
-        .map_err(|e| std::io::Error::other(format!("descriptor {fd} is not a socket: {e}")))?;
-    if kind != nix::sys::socket::SockType::SeqPacket {
-        return Err(std::io::Error::other(format!("descriptor {fd} is not a SOCK_SEQPACKET socket")));
-    }
-    // SAFETY: an open socket nothing else in this process owns (claimed once, at start);
-    // ownership moves into the OwnedFd, which closes it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    nix::fcntl::fcntl(&owned, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-        .map_err(|e| std::io::Error::other(format!("descriptor {fd}: {e}")))?;
-    Ok(owned)
 }

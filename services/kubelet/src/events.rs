@@ -43,7 +43,25 @@ impl Events {
             resource_version: pod.metadata.resource_version.clone(),
             field_path,
         };
-        let mut note = note;
+        self.send(reference, kind, reason, note);
+    }
+
+    /// Publishes `reason` about Node `node` (image garbage collection, eviction).
+    pub fn publish_node(&self, node: &str, kind: EventType, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            // As the upstream kubelet: a Node's events name it by its name as UID.
+            uid: Some(node.to_owned()),
+            ..Default::default()
+        };
+        self.send(reference, kind, reason, note);
+    }
+
+    /// Sends one event about `reference` on a task of its own; a note over 1000 bytes is cut
+    /// (at a character boundary).
+    fn send(&self, reference: ObjectReference, kind: EventType, reason: &str, mut note: String) {
         if note.len() > 1000 {
             let mut cut = 1000;
             while !note.is_char_boundary(cut) {
@@ -61,32 +79,12 @@ impl Events {
         let recorder = Arc::clone(&self.recorder);
         tokio::spawn(async move {
             if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(reason = %event.reason, pod = ?reference.name, %error, "event not published");
-            }
-        });
-    }
-
-    /// Publishes `reason` about Node `node` (image garbage collection, eviction).
-    pub fn publish_node(&self, node: &str, kind: EventType, reason: &str, note: String) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.to_owned()),
-            // As the upstream kubelet: a Node's events name it by its name as UID.
-            uid: Some(node.to_owned()),
-            ..Default::default()
-        };
-        let event = Event {
-            type_: kind,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
-        };
-        let recorder = Arc::clone(&self.recorder);
-        tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::warn!(reason = %event.reason, node = ?reference.name, %error, "event not published");
+                let about = format!(
+                    "{}/{}",
+                    reference.kind.as_deref().unwrap_or(""),
+                    reference.name.as_deref().unwrap_or("")
+                );
+                tracing::warn!(reason = %event.reason, %about, %error, "event not published");
             }
         });
     }

@@ -234,92 +234,64 @@ async fn apply_addon(what: &str, manifest: &str, kubeconfig: &Path) -> Result<()
 /// podCIDRs and tunnel endpoints, so `system:nodes` may get/list/watch nodes.
 async fn apply_node_rbac(admin: &kube::Client) -> Result<()> {
     let name = "hpk:node-peer-reader";
-    let role = ClusterRole {
-        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["nodes".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..Default::default()
-        }]),
-        ..Default::default()
-    };
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: name.into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Group".into(),
-            name: "system:nodes".into(),
-            ..Default::default()
-        }]),
-    };
-    ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)?;
-    ignore_exists(
-        Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await,
-    )?;
+    create_role(admin, name, vec![rule(&["nodes"], &["get", "list", "watch"])]).await?;
+    bind(admin, name, name, "Group", "system:nodes").await?;
     // Each node's kube-proxy runs with the node's own identity (no kube-proxy key on the shared
     // filesystem, review M4): the nodes get what upstream grants system:kube-proxy.
-    let proxier = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta { name: Some("hpk:node-proxier".into()), ..Default::default() },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "system:node-proxier".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Group".into(),
-            name: "system:nodes".into(),
-            ..Default::default()
-        }]),
-    };
-    ignore_exists(
-        Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &proxier).await,
-    )?;
-    Ok(())
+    bind(admin, "hpk:node-proxier", "system:node-proxier", "Group", "system:nodes").await
 }
 
 /// What the load-balancer controller may do: read Services and Nodes, write Services' status.
 async fn apply_service_lb_rbac(admin: &kube::Client) -> Result<()> {
     let name = super::service_lb::RBAC_NAME;
-    let rule = |resources: &[&str], verbs: &[&str]| PolicyRule {
+    let rules = vec![
+        rule(&["services", "nodes"], &["get", "list", "watch"]),
+        rule(&["services/status"], &["patch", "update"]),
+    ];
+    create_role(admin, name, rules).await?;
+    bind(admin, name, name, "User", super::service_lb::USER).await
+}
+
+/// A rule of the core API group.
+fn rule(resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
         api_groups: Some(vec![String::new()]),
         resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
         verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
         ..Default::default()
-    };
+    }
+}
+
+/// Creates ClusterRole `name` with `rules` unless it exists.
+async fn create_role(admin: &kube::Client, name: &str, rules: Vec<PolicyRule>) -> Result<()> {
     let role = ClusterRole {
         metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
-        rules: Some(vec![
-            rule(&["services", "nodes"], &["get", "list", "watch"]),
-            rule(&["services/status"], &["patch", "update"]),
-        ]),
+        rules: Some(rules),
         ..Default::default()
     };
+    ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)
+}
+
+/// Binds ClusterRole `role` to one subject (`kind` Group or User) as binding `name`, unless
+/// it exists.
+async fn bind(admin: &kube::Client, name: &str, role: &str, kind: &str, subject: &str) -> Result<()> {
     let binding = ClusterRoleBinding {
         metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "ClusterRole".into(),
-            name: name.into(),
+            name: role.into(),
         },
         subjects: Some(vec![Subject {
             api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: super::service_lb::USER.into(),
+            kind: kind.into(),
+            name: subject.into(),
             ..Default::default()
         }]),
     };
-    ignore_exists(Api::<ClusterRole>::all(admin.clone()).create(&PostParams::default(), &role).await)?;
     ignore_exists(
         Api::<ClusterRoleBinding>::all(admin.clone()).create(&PostParams::default(), &binding).await,
-    )?;
-    Ok(())
+    )
 }
 
 fn ignore_exists<T>(r: std::result::Result<T, kube::Error>) -> Result<()> {

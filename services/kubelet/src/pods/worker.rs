@@ -402,13 +402,7 @@ impl Worker {
         let verdict = admission::requests(&self.pod)
             .map_err(|e| ("Infeasible".to_owned(), e.to_string()))
             .and_then(|req| {
-                let node = self.ctx.node.borrow().clone();
-                let alloc = admission::Allocatable {
-                    millicpu: node.allocatable.millicpu,
-                    memory: node.allocatable.memory,
-                    gpus: node.allocatable.gpus,
-                    pods: node.allocatable.pods,
-                };
+                let alloc = self.allocatable();
                 lock(&self.ctx.admitted).resize(&self.uid, req, alloc).map_err(|r| (r.reason, r.message))
             });
         if let Err(pending) = verdict {
@@ -460,18 +454,23 @@ impl Worker {
         }
     }
 
+    /// What the node gives pods now, as admission counts it.
+    fn allocatable(&self) -> admission::Allocatable {
+        let node = self.ctx.node.borrow();
+        admission::Allocatable {
+            millicpu: node.allocatable.millicpu,
+            memory: node.allocatable.memory,
+            gpus: node.allocatable.gpus,
+            pods: node.allocatable.pods,
+        }
+    }
+
     fn admit(&mut self) -> bool {
         self.state.step = Step::Admitting;
         let verdict = admission::requests(&self.pod)
             .map_err(|e| ("UnexpectedAdmissionError".to_owned(), format!("Pod was rejected: {e}")))
             .and_then(|req| {
-                let node = self.ctx.node.borrow().clone();
-                let alloc = admission::Allocatable {
-                    millicpu: node.allocatable.millicpu,
-                    memory: node.allocatable.memory,
-                    gpus: node.allocatable.gpus,
-                    pods: node.allocatable.pods,
-                };
+                let alloc = self.allocatable();
                 lock(&self.ctx.admitted)
                     .admit_with_ports(&self.uid, req, admission::host_ports(&self.pod), alloc)
                     .map_err(|r| (r.reason, r.message))
