@@ -190,6 +190,24 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
             ),
         ),
+        pod_manifest(
+            "term-file",
+            &format!(
+                "  restartPolicy: Never\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'printf DONE > /dev/termination-custom-log']\n    terminationMessagePath: /dev/termination-custom-log\n    securityContext: {{runAsUser: 1000, readOnlyRootFilesystem: true}}\n"
+            ),
+        ),
+        pod_manifest(
+            "term-logs",
+            &format!(
+                "  restartPolicy: Never\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'echo first; echo DONE; exit 2']\n    terminationMessagePolicy: FallbackToLogsOnError\n"
+            ),
+        ),
+        pod_manifest(
+            "etc-hosts",
+            &format!(
+                "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: managed\n    image: {shell}\n    command: [sh, -c, 'head -n 1 /etc/hosts; sleep 600']\n  - name: node\n    image: {shell}\n    command: [sh, -c, 'echo lines=$(wc -l < /etc/hosts); if echo x >> /etc/hosts; then echo writable; else echo read-only; fi; sleep 600']\n    volumeMounts: [{{name: hosts, mountPath: /etc/hosts}}]\n  volumes:\n  - name: hosts\n    hostPath: {{path: /etc/hosts, type: File}}\n"
+            ),
+        ),
         pod_manifest("no-image", &format!("  containers:\n  - name: main\n    image: {missing}\n")),
         pod_manifest(
             "too-big",
@@ -454,6 +472,41 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 assert!(at("start") < at("setup") && at("setup") < at("main"), "in order: {log}");
                 assert!(lines.iter().filter(|l| **l == "start").count() >= 2, "restarted: {log}");
                 assert_eq!(lines.last(), Some(&"term"), "stopped after the container ended: {log}");
+            }),
+        ),
+        (
+            "termination messages: from the file at a custom path as a non-root user, from the log's tail on failure",
+            Box::pin(async {
+                let message = |name: &'static str| async move {
+                    let out = c.kubectl(&[
+                        "get",
+                        "pod",
+                        name,
+                        "-o",
+                        "jsonpath={.status.containerStatuses[0].state.terminated.message}",
+                    ]);
+                    (!out.is_empty()).then_some(out)
+                };
+                status_is(c, "term-file", "Completed", long).await;
+                let written = eventually(c, "term-file's message", long, || message("term-file")).await;
+                assert_eq!(written, "DONE");
+                status_is(c, "term-logs", "Error", long).await;
+                let tail = eventually(c, "term-logs' message", long, || message("term-logs")).await;
+                assert_eq!(tail, "first\nDONE\n");
+            }),
+        ),
+        (
+            "/etc/hosts: the kubelet's, unless the container mounts the node's, which it cannot write",
+            Box::pin(async {
+                status_is(c, "etc-hosts", "Running", long).await;
+                let p = pod(c, "etc-hosts").await;
+                log_shows(c, &p, "managed", "# Kubernetes-managed hosts file.", Duration::from_secs(20))
+                    .await;
+                let node = std::fs::read_to_string("/etc/hosts").expect("the host's /etc/hosts");
+                let lines = format!("lines={}", node.lines().count());
+                log_shows(c, &p, "node", &lines, Duration::from_secs(20)).await;
+                log_shows(c, &p, "node", "read-only", Duration::from_secs(20)).await;
+                assert_eq!(std::fs::read_to_string("/etc/hosts").expect("again"), node, "unchanged");
             }),
         ),
         (

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::error::{RETRY_CONTAINER, Reason, Retry, StepError};
 use super::pull;
 use super::record::State;
+use super::termination;
 use super::worker::Worker;
 use crate::events::Kind;
 use crate::probes::{self, ProbeKind};
@@ -198,6 +199,16 @@ impl Worker {
             .map_err(|e| config_error(&e))?;
             mounts.push(hosts);
         }
+        // The termination message's file: on this machine only (connector mode leaves the
+        // message to the remote runtime).
+        if self.ctx.cri.remote.is_none()
+            && let Some(path) = termination::container_path(spec, &mounts)
+        {
+            let c = &self.state.containers[i];
+            let mount = termination::prepare(&self.ctx.pod_dir(&self.uid), &c.name, c.next_attempt(), &path)
+                .map_err(|e| config_error(&e))?;
+            mounts.push(mount);
+        }
         if let Some(remote) = &self.ctx.cri.remote {
             mounts = crate::remote_files::ship(remote, &self.uid, &self.ctx.pod_dir(&self.uid), mounts)
                 .await
@@ -375,13 +386,43 @@ impl Worker {
         }
     }
 
+    /// Adds the container's own termination message to the exit `apply` just recorded; an
+    /// exit already `known` (its id and message) keeps the message it was given.
+    async fn termination_message(
+        &mut self,
+        i: usize,
+        status: &cri::ContainerStatus,
+        known: Option<(String, String)>,
+    ) {
+        let c = &self.state.containers[i];
+        let Some(exit) = c.exit() else { return };
+        if let Some((_, message)) = known.filter(|(id, _)| *id == exit.container_id) {
+            if let State::Terminated(exit) = &mut self.state.containers[i].state {
+                exit.message = message;
+            }
+            return;
+        }
+        let Some(spec) = self.spec_of(&c.name, c.init) else { return };
+        let file = (self.ctx.cri.remote.is_none() && termination::container_path(&spec, &[]).is_some())
+            .then(|| termination::file(&self.ctx.pod_dir(&self.uid), &c.name, c.attempt));
+        let own =
+            termination::message(&spec, file.as_deref(), exit.exit_code, &exit.reason, &status.log_path)
+                .await;
+        if let State::Terminated(exit) = &mut self.state.containers[i].state {
+            exit.message = termination::combine(&exit.message, &own);
+        }
+    }
+
     pub(super) async fn refresh_one(&mut self, i: usize) {
         let Some(id) = self.state.containers[i].id.clone() else { return };
         match self.ctx.runtime.container_status(&id).await {
             Ok(answer) => {
                 if let Some(status) = answer {
                     let was_running = self.state.containers[i].running();
+                    let known =
+                        self.state.containers[i].exit().map(|e| (e.container_id.clone(), e.message.clone()));
                     self.state.containers[i].apply(&status);
+                    self.termination_message(i, &status, known).await;
                     if was_running && !self.state.containers[i].running() {
                         let name = self.state.containers[i].name.clone();
                         self.stop_probes_of(&name);

@@ -17,6 +17,7 @@ mod report;
 mod sandbox;
 pub mod status;
 mod terminate;
+pub mod termination;
 pub mod worker;
 
 use std::collections::BTreeMap;

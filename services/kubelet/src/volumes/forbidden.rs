@@ -18,6 +18,17 @@ use super::VolumeError;
 /// The directories refused by default (`--forbidden-host-path`).
 pub const DEFAULT_FORBIDDEN: &[&str] = &["/hpk", "/var/lib/hpk"];
 
+/// Host files any pod may mount though no bind brings them, always read-only: the node's
+/// hosts file, which upstream's pods mount to see the node's names (the bubble binds its own
+/// read-only). Only the path as written, and only when it is no link.
+pub const NODE_FILES: &[&str] = &[super::hosts::NODE_ETC_HOSTS];
+
+/// Whether `path` is one of the [`NODE_FILES`].
+pub fn node_file(path: &Path) -> bool {
+    let written = lexical(path);
+    NODE_FILES.iter().any(|file| written == Path::new(file))
+}
+
 /// The host paths hostPath volumes (and hostPath or local PersistentVolumes) may reach.
 #[derive(Debug, Clone, Default)]
 pub struct HostPaths {
@@ -62,7 +73,7 @@ pub fn check(volume: &str, path: &Path, paths: &HostPaths) -> Result<(), VolumeE
             }
         }
     }
-    if paths.allowed.is_empty() {
+    if paths.allowed.is_empty() || (node_file(&written) && resolved == written) {
         return Ok(());
     }
     // Where the mount leads is what counts: a link inside a bound path may point out of it.
@@ -180,6 +191,23 @@ mod tests {
         symlink(&reserved, base.join("hpk-link")).expect("link");
         let err = refused(&reserved.join("shared"), &[base.join("hpk-link")]).expect("through the link");
         assert!(err.contains("lies inside"), "{err}");
+    }
+
+    #[test]
+    fn the_nodes_hosts_file_is_allowed_without_a_bind_and_nothing_beside_it() {
+        let paths = HostPaths {
+            forbidden: vec![PathBuf::from("/hpk")],
+            allowed: vec![PathBuf::from("/home/alice")],
+            hidden: Vec::new(),
+        };
+        for path in ["/etc/hosts", "/etc/../etc/hosts", "//etc/hosts"] {
+            check("v", Path::new(path), &paths).unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert!(node_file(Path::new(path)), "{path}");
+        }
+        for path in ["/etc", "/etc/hosts.allow", "/etc/passwd", "/etc/hosts/x"] {
+            assert!(check("v", Path::new(path), &paths).is_err(), "{path} allowed");
+            assert!(!node_file(Path::new(path)), "{path}");
+        }
     }
 
     #[test]

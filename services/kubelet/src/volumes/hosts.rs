@@ -1,5 +1,7 @@
 //! The pod's `/etc/hosts`, written as the kubelet writes it: localhost, the pod's own name (and
-//! FQDN with a subdomain), then the pod's `hostAliases`.
+//! FQDN with a subdomain), then the pod's `hostAliases`. A pod on the host's network gets the
+//! node's own `/etc/hosts` instead (what the bubble sees there), with its `hostAliases` after
+//! it, as upstream gives it.
 
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions, Permissions};
@@ -18,6 +20,12 @@ const ETC_HOSTS: &str = "/etc/hosts";
 /// The file under the pod's directory.
 const FILE: &str = "etc-hosts";
 
+/// The node's hosts file, as the kubelet sees it (the bubble binds it read-only).
+pub const NODE_ETC_HOSTS: &str = "/etc/hosts";
+
+/// The most of the node's hosts file a hostNetwork pod's copy takes.
+const MAX_NODE_HOSTS: u64 = 1 << 20;
+
 /// The pod's hostname: `spec.hostname`, else its name cut to 63 characters (a DNS label).
 pub fn hostname(pod: &Pod) -> String {
     if let Some(name) = pod.spec.as_ref().and_then(|s| s.hostname.as_deref()).filter(|h| !h.is_empty()) {
@@ -28,8 +36,18 @@ pub fn hostname(pod: &Pod) -> String {
     cut.trim_end_matches(['-', '.']).to_owned()
 }
 
-/// The text of the pod's `/etc/hosts`.
-pub fn etc_hosts(pod: &Pod, pod_ip: &str, cluster_domain: &str) -> String {
+/// The text of the pod's `/etc/hosts`; `node_hosts` is the node's hosts file, which a pod on
+/// the host's network gets instead of the kubelet's lines.
+pub fn etc_hosts(pod: &Pod, pod_ip: &str, cluster_domain: &str, node_hosts: &str) -> String {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.host_network) == Some(true) {
+        let mut text = node_hosts.to_owned();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        host_aliases(pod, &mut text);
+        return text;
+    }
     let mut text = String::from(
         "# Kubernetes-managed hosts file.\n\
          127.0.0.1\tlocalhost\n\
@@ -39,7 +57,6 @@ pub fn etc_hosts(pod: &Pod, pod_ip: &str, cluster_domain: &str) -> String {
          fe00::1\tip6-allnodes\n\
          fe00::2\tip6-allrouters\n",
     );
-    let spec = pod.spec.as_ref();
     let host = hostname(pod);
     if !pod_ip.is_empty() {
         let subdomain = spec.and_then(|s| s.subdomain.as_deref()).filter(|s| !s.is_empty());
@@ -54,7 +71,13 @@ pub fn etc_hosts(pod: &Pod, pod_ip: &str, cluster_domain: &str) -> String {
             }
         }
     }
-    let aliases = spec.and_then(|s| s.host_aliases.as_deref()).unwrap_or_default();
+    host_aliases(pod, &mut text);
+    text
+}
+
+/// Appends the pod's `hostAliases` block to `text`.
+fn host_aliases(pod: &Pod, text: &mut String) {
+    let aliases = pod.spec.as_ref().and_then(|s| s.host_aliases.as_deref()).unwrap_or_default();
     if !aliases.is_empty() {
         text.push_str("\n# Entries added by HostAliases.\n");
         for alias in aliases {
@@ -62,7 +85,21 @@ pub fn etc_hosts(pod: &Pod, pod_ip: &str, cluster_domain: &str) -> String {
             let _ = writeln!(text, "{}\t{names}", alias.ip);
         }
     }
-    text
+}
+
+/// The node's hosts file (its first MiB); empty when it cannot be read.
+fn node_etc_hosts() -> String {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    match fs::File::open(NODE_ETC_HOSTS) {
+        Ok(file) => {
+            if let Err(error) = file.take(MAX_NODE_HOSTS).read_to_end(&mut bytes) {
+                tracing::warn!(%error, "reading the node's /etc/hosts failed");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "the node's /etc/hosts cannot be read"),
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Writes the pod's `/etc/hosts` to `pod_dir/etc-hosts` (replacing it atomically) and returns
@@ -83,7 +120,9 @@ pub fn write_etc_hosts(
         .mode(0o644)
         .open(&tmp)
         .map_err(VolumeError::io("", "create", &tmp))?;
-    out.write_all(etc_hosts(pod, pod_ip, cluster_domain).as_bytes())
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+    let node_hosts = if host_network { node_etc_hosts() } else { String::new() };
+    out.write_all(etc_hosts(pod, pod_ip, cluster_domain, &node_hosts).as_bytes())
         .map_err(VolumeError::io("", "write", &tmp))?;
     fs::set_permissions(&tmp, Permissions::from_mode(0o644)).map_err(VolumeError::io("", "chmod", &tmp))?;
     fs::rename(&tmp, &target).map_err(VolumeError::io("", "rename", &tmp))?;
@@ -136,9 +175,23 @@ mod tests {
 
     #[test]
     fn etc_hosts_without_subdomain_uses_the_pod_name() {
-        let text = etc_hosts(&pod(serde_json::json!({"containers": []})), "10.0.0.1", "cluster.local");
+        let text = etc_hosts(&pod(serde_json::json!({"containers": []})), "10.0.0.1", "cluster.local", "x");
         assert!(text.ends_with("fe00::2\tip6-allrouters\n10.0.0.1\tweb-0\n"), "{text}");
         assert!(!text.contains("HostAliases"));
+    }
+
+    #[test]
+    fn a_pod_on_the_hosts_network_gets_the_nodes_file_and_its_aliases() {
+        let node = "127.0.0.1 localhost\n10.1.0.7 node-1";
+        let plain = pod(serde_json::json!({"containers": [], "hostNetwork": true}));
+        assert_eq!(etc_hosts(&plain, "10.1.0.7", "cluster.local", node), format!("{node}\n"));
+        let aliased = pod(serde_json::json!({
+            "containers": [], "hostNetwork": true,
+            "hostAliases": [{"ip": "10.1.2.3", "hostnames": ["foo.local"]}],
+        }));
+        let text = etc_hosts(&aliased, "10.1.0.7", "cluster.local", node);
+        assert_eq!(text, format!("{node}\n\n# Entries added by HostAliases.\n10.1.2.3\tfoo.local\n"));
+        assert!(!text.contains("Kubernetes-managed"));
     }
 
     #[test]

@@ -225,7 +225,9 @@ impl PodVolumes {
             || match volume.kind {
                 Kind::ApiData => true,
                 Kind::Claim { read_only } => read_only,
-                Kind::EmptyDir | Kind::HostPath => false,
+                Kind::EmptyDir => false,
+                // The node's own files a pod may see are never written through it.
+                Kind::HostPath => forbidden::node_file(&volume.source),
             };
         let propagation = mounts::propagation(container, mount)?;
         let recursive = read_only
