@@ -2,7 +2,8 @@
 //! `$HOME` and `--bind` paths reach pods as hostPath volumes, what pods write there belongs to
 //! the user on the host, a read-only bind stays read-only, HPK's own directory inside `$HOME`
 //! is covered (and the cover cannot be lifted from inside a bubble), and a hostPath outside
-//! the bound paths is refused with an event that names `--bind`, a `--bind` that cannot be
+//! the bound paths is refused with an event that names `--bind` (the node's `/etc/hosts` is
+//! the one exception, read-only), an emptyDir of medium Memory is a tmpfs, a `--bind` that cannot be
 //! bound fails `hpk up` before anything is made, and `hpk down` leaves the user's
 //! files as they were.
 
@@ -69,7 +70,10 @@ async fn pods_reach_the_users_paths_and_nothing_else() {
     let script = format!(
         "echo from-pod > /work/written && echo from-pod > /scratch/written && cat /ref/input && \
          (echo x > /ref/input) 2>/dev/null && echo REF-WRITTEN || echo REF-READ-ONLY; \
-         echo HIDDEN-ENTRIES=$(ls -A /home-all/{hpk_home_name} | wc -l)"
+         echo HIDDEN-ENTRIES=$(ls -A /home-all/{hpk_home_name} | wc -l); \
+         awk '$2 == \"/mem\" {{print \"MEM=\" $3}}' /proc/mounts; \
+         echo NODE-HOSTS=$(grep -c ' {CLUSTER}-1$' /node-hosts); \
+         (echo x >> /node-hosts) 2>/dev/null && echo HOSTS-WRITTEN || echo HOSTS-READ-ONLY"
     );
     env.apply(
         CLUSTER,
@@ -77,11 +81,14 @@ async fn pods_reach_the_users_paths_and_nothing_else() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: paths, namespace: mine}}\nspec:\n  restartPolicy: Never\n  \
              containers:\n  - name: c\n    image: {shell}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    \
              - {{name: home, mountPath: /home-all}}\n    - {{name: work, mountPath: /work}}\n    \
-             - {{name: scratch, mountPath: /scratch}}\n    - {{name: ref, mountPath: /ref}}\n  volumes:\n  \
+             - {{name: scratch, mountPath: /scratch}}\n    - {{name: ref, mountPath: /ref}}\n    \
+             - {{name: mem, mountPath: /mem}}\n    - {{name: hosts, mountPath: /node-hosts}}\n  volumes:\n  \
              - {{name: home, hostPath: {{path: {home}}}}}\n  \
              - {{name: work, hostPath: {{path: {home}/work, type: DirectoryOrCreate}}}}\n  \
              - {{name: scratch, hostPath: {{path: /scratch/hpk-test}}}}\n  \
-             - {{name: ref, hostPath: {{path: /project/ref}}}}\n",
+             - {{name: ref, hostPath: {{path: /project/ref}}}}\n  \
+             - {{name: mem, emptyDir: {{medium: Memory}}}}\n  \
+             - {{name: hosts, hostPath: {{path: /etc/hosts, type: File}}}}\n",
             shell = env.shell,
             home = home.display(),
         ),
@@ -104,6 +111,10 @@ async fn pods_reach_the_users_paths_and_nothing_else() {
         "a :ro bind was written: {logs}"
     );
     assert!(logs.contains("HIDDEN-ENTRIES=0"), "HPK's directory inside $HOME is covered in pods: {logs}");
+    // An emptyDir of medium Memory is the kubelet's tmpfs, which the runtime's namespace sees.
+    assert!(logs.contains("MEM=tmpfs"), "medium: Memory is a tmpfs in the container: {logs}");
+    // The node's /etc/hosts, the one file outside the binds a pod may mount: read-only.
+    assert!(logs.contains("NODE-HOSTS=1") && logs.contains("HOSTS-READ-ONLY"), "{logs}");
 
     // On the host: the files, the user's.
     let me = nix::unistd::getuid().as_raw();

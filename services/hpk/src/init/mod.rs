@@ -74,9 +74,26 @@ pub fn inherited_fd(name: &str) -> Result<i32> {
         .ok_or_else(|| Error::Invalid(format!("HPK_FDS names no descriptor for {name}")))
 }
 
+/// Makes the node directory a shared mount of the bubble's namespace. The pod runtime makes
+/// its own namespace a slave of this one when it starts, so what the kubelet mounts beneath
+/// the node directory later (an emptyDir's tmpfs) reaches it, and so the containers; mounts
+/// are private here otherwise, and a container would see the directory beneath the tmpfs.
+/// Before any service starts. A failure is reported, and the bubble goes on without.
+fn share_node_dir() {
+    use nix::mount::{MsFlags, mount};
+    let dir = crate::bubble::spec::NODE_DIR;
+    if let Err(e) = mount(None::<&str>, dir, None::<&str>, MsFlags::MS_REC | MsFlags::MS_SHARED, None::<&str>)
+    {
+        eprintln!(
+            "hpk bubble-init: making {dir} a shared mount failed ({e}): emptyDir volumes of medium Memory will be directories on disk in containers"
+        );
+    }
+}
+
 /// The reaper: PID 1 of the bubble. It starts the supervisor with this process's own
 /// arguments plus `--supervise`; returns the supervisor's exit code.
 pub fn reap() -> Result<i32> {
+    share_node_dir();
     use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
