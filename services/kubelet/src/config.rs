@@ -99,6 +99,10 @@ pub struct KubeletArgs {
     #[arg(long, env = "HPK_DISK_PRESSURE_PERCENT", default_value_t = crate::node::conditions::DISK_AVAILABLE_MIN_PERCENT,
           value_parser = clap::value_parser!(u8).range(0..=100))]
     pub disk_pressure_percent: u8,
+    /// Sysctls beyond the safe set that pods may set, comma-separated: names, or prefixes ending
+    /// in `*` (`net.core.*`); a pod setting any other is rejected, `SysctlForbidden`.
+    #[arg(long, env = "HPK_ALLOWED_UNSAFE_SYSCTLS", value_delimiter = ',')]
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// The cluster DNS service's address(es), for pods with dnsPolicy ClusterFirst.
     #[arg(long, env = "HPK_CLUSTER_DNS", value_delimiter = ',')]
     pub cluster_dns: Vec<IpAddr>,

@@ -103,6 +103,7 @@ pub async fn run(args: KubeletArgs, shutdown: CancellationToken) -> Result<()> {
             hidden: args.hidden_host_paths.clone(),
         },
         gpus,
+        allowed_unsafe_sysctls: args.allowed_unsafe_sysctls.clone(),
     });
     let api = api.serve(&args, ctx.clone(), client.clone(), &shutdown);
     // Eviction watches this machine's memory and disk: not in connector mode.

@@ -190,6 +190,19 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
             ),
         ),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: relaxed\ndata:\n  data-1: value-1\n  dotted.key: value-2\n".to_owned(),
+        pod_manifest(
+            "env-from",
+            &format!(
+                "  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'tr \"\\\\0\" \"\\\\n\" < /proc/1/environ; sleep 600']\n    envFrom:\n    - configMapRef: {{name: relaxed}}\n    - configMapRef: {{name: relaxed}}\n      prefix: p-\n"
+            ),
+        ),
+        pod_manifest(
+            "gated",
+            &format!(
+                "  terminationGracePeriodSeconds: 1\n  readinessGates:\n  - conditionType: example.com/ready\n  containers:\n  - name: main\n    image: {shell}\n    command: [sleep, '600']\n"
+            ),
+        ),
         pod_manifest(
             "term-file",
             &format!(
@@ -206,6 +219,12 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             "etc-hosts",
             &format!(
                 "  terminationGracePeriodSeconds: 1\n  containers:\n  - name: managed\n    image: {shell}\n    command: [sh, -c, 'head -n 1 /etc/hosts; sleep 600']\n  - name: node\n    image: {shell}\n    command: [sh, -c, 'echo lines=$(wc -l < /etc/hosts); if echo x >> /etc/hosts; then echo writable; else echo read-only; fi; sleep 600']\n    volumeMounts: [{{name: hosts, mountPath: /etc/hosts}}]\n  volumes:\n  - name: hosts\n    hostPath: {{path: /etc/hosts, type: File}}\n"
+            ),
+        ),
+        pod_manifest(
+            "startup-fails",
+            &format!(
+                "  terminationGracePeriodSeconds: 600\n  containers:\n  - name: main\n    image: {shell}\n    command: [sh, -c, 'trap \"\" TERM; sleep 600']\n    startupProbe:\n      exec: {{command: [cat, /tmp/never]}}\n      initialDelaySeconds: 1\n      periodSeconds: 1\n      failureThreshold: 1\n      terminationGracePeriodSeconds: 2\n"
             ),
         ),
         pod_manifest("no-image", &format!("  containers:\n  - name: main\n    image: {missing}\n")),
@@ -475,6 +494,69 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
             }),
         ),
         (
+            "envFrom: keys that are not shell identifiers reach the container's environment, prefixed too",
+            Box::pin(async {
+                status_is(c, "env-from", "Running", long).await;
+                let p = pod(c, "env-from").await;
+                for line in
+                    ["data-1=value-1", "dotted.key=value-2", "p-data-1=value-1", "p-dotted.key=value-2"]
+                {
+                    log_shows(c, &p, "main", line, Duration::from_secs(20)).await;
+                }
+            }),
+        ),
+        (
+            "a readiness gate holds Ready until its condition is True, and drops it again",
+            Box::pin(async {
+                status_is(c, "gated", "Running", long).await;
+                let ready = || {
+                    c.kubectl(&[
+                        "get",
+                        "pod",
+                        "gated",
+                        "-o",
+                        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                    ])
+                };
+                let gate = |value: &str| {
+                    let patch = format!(
+                        r#"{{"status":{{"conditions":[{{"type":"example.com/ready","status":"{value}"}}]}}}}"#
+                    );
+                    c.kubectl(&[
+                        "patch",
+                        "pod",
+                        "gated",
+                        "--subresource=status",
+                        "--type=strategic",
+                        "-p",
+                        &patch,
+                    ]);
+                };
+                eventually(c, "gated running but not Ready", Duration::from_secs(30), || async {
+                    (ready() == "False").then_some(())
+                })
+                .await;
+                gate("True");
+                eventually(c, "gated Ready once its gate is True", Duration::from_secs(30), || async {
+                    (ready() == "True").then_some(())
+                })
+                .await;
+                gate("False");
+                eventually(c, "gated not Ready once its gate is False", Duration::from_secs(30), || async {
+                    (ready() == "False").then_some(())
+                })
+                .await;
+                let gates = c.kubectl(&[
+                    "get",
+                    "pod",
+                    "gated",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"example.com/ready\")].status}",
+                ]);
+                assert_eq!(gates, "False", "the gate's condition is kept as written");
+            }),
+        ),
+        (
             "termination messages: from the file at a custom path as a non-root user, from the log's tail on failure",
             Box::pin(async {
                 let message = |name: &'static str| async move {
@@ -507,6 +589,22 @@ async fn manifests_show_in_kubectl_as_kubernetes_users_expect() {
                 log_shows(c, &p, "node", &lines, Duration::from_secs(20)).await;
                 log_shows(c, &p, "node", "read-only", Duration::from_secs(20)).await;
                 assert_eq!(std::fs::read_to_string("/etc/hosts").expect("again"), node, "unchanged");
+            }),
+        ),
+        (
+            "a failed startup probe kills within the probe's grace period, not the pod's, and the container is never ready",
+            Box::pin(async {
+                let started = std::time::Instant::now();
+                eventually(c, "startup-fails restarted", long, || async {
+                    kubectl_row(c, "startup-fails").filter(|(_, _, r)| *r >= 1)
+                })
+                .await;
+                assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+                let p = pod(c, "startup-fails").await;
+                let main = p.status.and_then(|s| s.container_statuses).unwrap_or_default();
+                assert!(main.iter().all(|s| !s.ready), "never ready: {main:?}");
+                let killed = event_messages(c, "startup-fails", "Killing");
+                assert!(killed.iter().any(|m| m.contains("failed startup probe")), "{killed:?}");
             }),
         ),
         (

@@ -59,7 +59,7 @@ pub fn sandbox_config(
                 .iter()
                 .copied()
                 .flatten()
-                .map(|s| (s.name.clone(), s.value.clone()))
+                .map(|s| (crate::pods::admission::dotted_sysctl(&s.name), s.value.clone()))
                 .collect(),
             ..LinuxPodSandboxConfig::default()
         }),

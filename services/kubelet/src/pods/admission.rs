@@ -37,6 +37,91 @@ pub struct Rejection {
     pub message: String,
 }
 
+/// The sysctls any pod may set (upstream's safe set): namespaced, and unable to affect other
+/// pods or the node.
+pub const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+];
+
+/// A sysctl name with `/` as its separator (`kernel/shm_rmid_forced`, which the API allows) in
+/// the usual dotted form; the dots of a name written with slashes swap to slashes, as upstream
+/// converts them (`net/ipv4/conf/eno2.100/rp_filter` → `net.ipv4.conf.eno2/100.rp_filter`).
+pub fn dotted_sysctl(name: &str) -> String {
+    let Some(first) = name.find(['.', '/']) else { return name.to_owned() };
+    if name.as_bytes()[first] == b'.' {
+        return name.to_owned();
+    }
+    name.chars()
+        .map(|c| match c {
+            '/' => '.',
+            '.' => '/',
+            other => other,
+        })
+        .collect()
+}
+
+/// Whether sysctl `name` (dotted) is safe or matches one of `allowed`
+/// (`--allowed-unsafe-sysctls`: names, or prefixes ending in `*`).
+fn sysctl_allowed(name: &str, allowed: &[String]) -> bool {
+    SAFE_SYSCTLS.contains(&name)
+        || allowed.iter().any(|a| match a.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => a == name,
+        })
+}
+
+/// The checks upstream's kubelet makes of a pod before its resources: the pod's OS is this
+/// node's (`PodOSNotSupported`, `PodOSSelectorNodeLabelDoesNotMatch`), and every sysctl it
+/// sets is safe or allowed (`SysctlForbidden`).
+pub fn check_pod(pod: &Pod, allowed_unsafe_sysctls: &[String]) -> Result<(), Rejection> {
+    let spec = pod.spec.as_ref();
+    if let Some(os) = spec.and_then(|s| s.os.as_ref()).filter(|os| os.name != "linux") {
+        return Err(Rejection {
+            reason: "PodOSNotSupported".into(),
+            message: format!(
+                "Pod was rejected: Failed to admit pod as the OS field ({}) doesn't match node OS (linux)",
+                os.name
+            ),
+        });
+    }
+    if let Some(os) = spec
+        .and_then(|s| s.node_selector.as_ref())
+        .and_then(|n| n.get("kubernetes.io/os"))
+        .filter(|os| *os != "linux")
+    {
+        return Err(Rejection {
+            reason: "PodOSSelectorNodeLabelDoesNotMatch".into(),
+            message: format!(
+                "Pod was rejected: Failed to admit pod as the `kubernetes.io/os` label ({os}) doesn't match node label (linux)"
+            ),
+        });
+    }
+    let sysctls = spec.and_then(|s| s.security_context.as_ref()).and_then(|c| c.sysctls.as_ref());
+    for sysctl in sysctls.into_iter().flatten() {
+        let name = dotted_sysctl(&sysctl.name);
+        if !sysctl_allowed(&name, allowed_unsafe_sysctls) {
+            return Err(Rejection {
+                reason: "SysctlForbidden".into(),
+                message: format!(
+                    "Pod was rejected: forbidden sysctl: \"{name}\" not allowlisted (--allowed-unsafe-sysctls)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// CPU and memory one pod asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Requests {
@@ -294,6 +379,50 @@ impl Admitted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_of_another_os_or_with_an_unsafe_sysctl_is_rejected() {
+        let with = |spec: serde_json::Value| -> Pod {
+            let mut full = serde_json::json!({"containers": [{"name": "a", "image": "i"}]});
+            if let (Some(f), Some(more)) = (full.as_object_mut(), spec.as_object()) {
+                f.extend(more.clone());
+            }
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": full})).expect("pod")
+        };
+        let reason = |p: &Pod, allowed: &[String]| check_pod(p, allowed).err().map(|r| r.reason);
+        assert_eq!(reason(&with(serde_json::json!({})), &[]), None);
+        assert_eq!(reason(&with(serde_json::json!({"os": {"name": "linux"}})), &[]), None);
+        assert_eq!(
+            reason(&with(serde_json::json!({"os": {"name": "windows"}})), &[]).as_deref(),
+            Some("PodOSNotSupported")
+        );
+        let selector = with(serde_json::json!({"nodeSelector": {"kubernetes.io/os": "windows"}}));
+        assert_eq!(reason(&selector, &[]).as_deref(), Some("PodOSSelectorNodeLabelDoesNotMatch"));
+        let sysctls = |names: &[&str]| {
+            let list: Vec<_> = names.iter().map(|n| serde_json::json!({"name": n, "value": "1"})).collect();
+            with(serde_json::json!({"securityContext": {"sysctls": list}}))
+        };
+        assert_eq!(reason(&sysctls(&["kernel.shm_rmid_forced", "kernel/shm_rmid_forced"]), &[]), None);
+        let unsafe_one = sysctls(&["kernel.shm_rmid_forced", "kernel.msgmax"]);
+        let rejection = check_pod(&unsafe_one, &[]).expect_err("unsafe");
+        assert_eq!(rejection.reason, "SysctlForbidden");
+        assert!(rejection.message.contains("kernel.msgmax"), "{}", rejection.message);
+        assert_eq!(reason(&unsafe_one, &["kernel.msgmax".into()]), None, "allowed by name");
+        assert_eq!(reason(&unsafe_one, &["kernel.msg*".into()]), None, "allowed by prefix");
+        assert_eq!(
+            reason(&sysctls(&["net.core.somaxconn"]), &["kernel.*".into()]).as_deref(),
+            Some("SysctlForbidden")
+        );
+    }
+
+    #[test]
+    fn sysctl_names_with_slashes_are_dotted() {
+        assert_eq!(dotted_sysctl("kernel/shm_rmid_forced"), "kernel.shm_rmid_forced");
+        assert_eq!(dotted_sysctl("kernel.shm_rmid_forced"), "kernel.shm_rmid_forced");
+        assert_eq!(dotted_sysctl("net/ipv4/conf/eno2.100/rp_filter"), "net.ipv4.conf.eno2/100.rp_filter");
+        assert_eq!(dotted_sysctl("net.ipv4.conf.eno2/100.rp_filter"), "net.ipv4.conf.eno2/100.rp_filter");
+        assert_eq!(dotted_sysctl("plain"), "plain");
+    }
 
     fn pod(cpu: &str, init_cpu: Option<&str>) -> Pod {
         let mut spec = serde_json::json!({"containers": [

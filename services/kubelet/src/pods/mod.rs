@@ -72,6 +72,8 @@ pub struct Context {
     pub host_paths: crate::volumes::HostPaths,
     /// The node's GPUs (CDI devices) and which containers hold them.
     pub gpus: crate::gpus::Gpus,
+    /// The sysctls beyond the safe set pods may set (`--allowed-unsafe-sysctls`).
+    pub allowed_unsafe_sysctls: Vec<String>,
 }
 
 impl Context {

@@ -139,6 +139,12 @@ impl ContainerRecord {
         older
     }
 
+    /// Whether Kubernetes shows it ready: running, its startup probe passed (a container is
+    /// never ready before it started), and its readiness probe, if any, passing.
+    pub fn is_ready(&self) -> bool {
+        self.ready && self.started && self.running()
+    }
+
     /// Whether it runs now.
     pub fn running(&self) -> bool {
         matches!(self.state, State::Running { .. })

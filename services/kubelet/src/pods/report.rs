@@ -12,6 +12,10 @@ use super::record::State;
 use super::status;
 use super::worker::{Step, Worker};
 
+/// How soon a status patch refused for a conflict is tried again when the watch has not
+/// brought the newer pod by then.
+const CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl Worker {
     /// Pushes the status when it changed (times aside); keeps the diagnostics summary current.
     pub(super) async fn report(&mut self) {
@@ -52,11 +56,31 @@ impl Worker {
             return;
         }
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
-        let patch = serde_json::json!({ "status": computed });
+        // A merge patch replaces the conditions list whole: made against the pod this status
+        // was computed from, so that a condition someone else wrote meanwhile (a readiness
+        // gate's) is never dropped. A conflict waits for the watch's newer pod.
+        let mut patch = serde_json::json!({ "status": computed });
+        if let Some(version) = pod.metadata.resource_version.as_deref() {
+            patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+        }
         match pods.patch_status(self.name(), &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {
-                self.last_conditions = computed.conditions.clone().unwrap_or_default();
+            Ok(updated) => {
+                // Only the kubelet's own: the others were copied from the pod, and are for
+                // their writers to change.
+                self.last_conditions = computed
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .filter(|c| status::OWNED_CONDITIONS.contains(&c.type_.as_str()))
+                    .cloned()
+                    .collect();
                 self.reported = Some(comparable);
+                // The pod as it now is, so that the next patch is made against it.
+                self.pod = std::sync::Arc::new(updated);
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(pod = %self.key, "the pod changed underneath its status; waiting for the newer pod");
+                self.wake_at(Instant::now() + CONFLICT_RETRY);
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(error) => {
@@ -92,7 +116,7 @@ impl Worker {
                         state: state.into(),
                         reason,
                         restart_count: c.restart_count,
-                        ready: c.ready && c.running(),
+                        ready: c.is_ready(),
                     }
                 })
                 .collect(),

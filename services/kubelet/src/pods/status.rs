@@ -111,8 +111,7 @@ fn container_status(c: &ContainerRecord) -> ContainerStatus {
         image_id: c.image_id.clone(),
         container_id: c.id.as_deref().map(container_id),
         // A completed init container counts as ready, as upstream shows it.
-        ready: (c.ready && c.running())
-            || (c.init && !c.sidecar && c.exit().is_some_and(|e| e.exit_code == 0)),
+        ready: c.is_ready() || (c.init && !c.sidecar && c.exit().is_some_and(|e| e.exit_code == 0)),
         started: Some(c.running() && c.started),
         restart_count: i32::try_from(c.restart_count).unwrap_or(i32::MAX),
         state: Some(state),
@@ -147,6 +146,11 @@ fn condition(
     }
 }
 
+/// The pod conditions the kubelet writes; any other (a readiness gate's, DisruptionTarget,
+/// PodScheduled) is someone else's, kept as the API has it.
+pub const OWNED_CONDITIONS: &[&str] =
+    &["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodResizePending"];
+
 /// The status to report for `pod`. Conditions the kubelet does not own (PodScheduled,
 /// DisruptionTarget, readiness gates' own) are kept from the pod's current status.
 pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
@@ -156,7 +160,7 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
     let unready: Vec<&str> = view
         .containers
         .iter()
-        .filter(|c| (c.regular() || c.sidecar) && !(c.ready && c.running()))
+        .filter(|c| (c.regular() || c.sidecar) && !c.is_ready())
         .map(|c| c.name.as_str())
         .collect();
     let incomplete: Vec<&str> = view
@@ -219,8 +223,7 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
         pending.status = "True".into();
         conditions.push(pending);
     }
-    let owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodResizePending"];
-    conditions.extend(previous.iter().filter(|c| !owned.contains(&c.type_.as_str())).cloned());
+    conditions.extend(previous.iter().filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str())).cloned());
     let rejected = view.rejected;
     let pod_ips = view.pod_ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect::<Vec<_>>();
     PodStatus {
@@ -415,6 +418,19 @@ mod tests {
         let waiting = status.container_statuses.as_ref().expect("mains")[0].state.clone().expect("state");
         assert_eq!(waiting.waiting.and_then(|w| w.reason).as_deref(), Some("PodInitializing"));
         assert!(!s.ready);
+    }
+
+    #[test]
+    fn a_container_is_not_ready_before_its_startup_probe_passed() {
+        let mut main = running("a");
+        main.started = false;
+        let records = [main];
+        let ips = IPS.map(str::to_owned);
+        let view = View { containers: &records, ..running_view(&records[0], &ips, None) };
+        let status = compute(&pod(), &view, Timestamp::now());
+        let c = &status.container_statuses.as_ref().expect("statuses")[0];
+        assert_eq!((c.ready, c.started), (false, Some(false)));
+        assert_eq!(find(&status, "Ready").status, "False");
     }
 
     #[test]

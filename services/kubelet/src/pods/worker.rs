@@ -467,8 +467,12 @@ impl Worker {
 
     fn admit(&mut self) -> bool {
         self.state.step = Step::Admitting;
-        let verdict = admission::requests(&self.pod)
-            .map_err(|e| ("UnexpectedAdmissionError".to_owned(), format!("Pod was rejected: {e}")))
+        let verdict = admission::check_pod(&self.pod, &self.ctx.allowed_unsafe_sysctls)
+            .map_err(|r| (r.reason, r.message))
+            .and_then(|()| {
+                admission::requests(&self.pod)
+                    .map_err(|e| ("UnexpectedAdmissionError".to_owned(), format!("Pod was rejected: {e}")))
+            })
             .and_then(|req| {
                 let alloc = self.allocatable();
                 lock(&self.ctx.admitted)

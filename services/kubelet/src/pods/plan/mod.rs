@@ -309,7 +309,7 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
     if !state.initialized {
         actions.push(Action::Enter(Step::Initializing));
         let grace = termination_grace(pod, false);
-        actions.extend(next_init(state, policy, now, grace));
+        actions.extend(next_init(pod, state, policy, now, grace));
         return actions;
     }
     actions.push(Action::Enter(Step::Running));
@@ -326,7 +326,7 @@ pub fn plan(pod: &Pod, state: &PodState, now: Instant) -> Vec<Action> {
         match &c.state {
             State::Running { .. } => {
                 if let Some(probe) = c.failed_probe {
-                    actions.push(Action::Kill { index, probe, grace });
+                    actions.push(Action::Kill { index, probe, grace: probe_grace(pod, c, probe, grace) });
                 }
             }
             State::Waiting { .. } => actions.extend(start_when_due(index, c, now)),
@@ -419,17 +419,34 @@ pub fn termination_grace(pod: &Pod, vanished: bool) -> i64 {
         .max(0)
 }
 
+/// The grace period of a container its failed liveness or startup `probe` kills: the probe's
+/// own `terminationGracePeriodSeconds` where it sets one, else the pod's `pod_grace`.
+fn probe_grace(pod: &Pod, c: &ContainerRecord, probe: ProbeKind, pod_grace: i64) -> i64 {
+    let spec = pod.spec.as_ref();
+    let container = if c.init {
+        spec.and_then(|s| s.init_containers.as_ref()).and_then(|l| l.iter().find(|x| x.name == c.name))
+    } else {
+        spec.and_then(|s| s.containers.iter().find(|x| x.name == c.name))
+    };
+    let probe = container.and_then(|x| match probe {
+        ProbeKind::Liveness => x.liveness_probe.as_ref(),
+        ProbeKind::Startup => x.startup_probe.as_ref(),
+        ProbeKind::Readiness => None,
+    });
+    probe.and_then(|p| p.termination_grace_period_seconds).map_or(pod_grace, |g| g.max(0))
+}
+
 /// The init containers run one at a time, in order: the first that has not completed decides.
 /// A sidecar (`restartPolicy: Always`) counts as done once it runs and its startup probe, if
 /// any, has passed; it restarts whenever it ends, whatever the pod's policy, and a failed
 /// liveness or startup probe kills it (within `grace`) meanwhile.
-fn next_init(state: &PodState, policy: RestartPolicy, now: Instant, grace: i64) -> Vec<Action> {
+fn next_init(pod: &Pod, state: &PodState, policy: RestartPolicy, now: Instant, grace: i64) -> Vec<Action> {
     let mut actions = Vec::new();
     for (index, c) in state.containers.iter().enumerate().filter(|(_, c)| c.init) {
         match &c.state {
             State::Running { .. } if c.sidecar => {
                 if let Some(probe) = c.failed_probe {
-                    actions.push(Action::Kill { index, probe, grace });
+                    actions.push(Action::Kill { index, probe, grace: probe_grace(pod, c, probe, grace) });
                 }
                 if !c.started {
                     return actions;

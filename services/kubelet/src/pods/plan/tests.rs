@@ -225,6 +225,32 @@ fn a_liveness_failure_kills_the_container_within_the_grace_period() {
 }
 
 #[test]
+fn a_probe_with_its_own_grace_period_kills_within_it() {
+    let pod = pod(json!({
+        "containers": [{"name": "app", "image": "busybox",
+                        "startupProbe": {"exec": {"command": ["cat", "/tmp/up"]}, "terminationGracePeriodSeconds": 5},
+                        "livenessProbe": {"exec": {"command": ["true"]}}}],
+        "terminationGracePeriodSeconds": 500
+    }));
+    let now = Instant::now();
+    let mut state = ready_state(&pod, now);
+    state.initialized = true;
+    run(&mut state.containers[0]);
+    state.containers[0].failed_probe = Some(ProbeKind::Startup);
+    assert_eq!(
+        doing(&plan(&pod, &state, now)),
+        [Action::Kill { index: 0, probe: ProbeKind::Startup, grace: 5 }, Action::Running],
+        "the startup probe's own grace period"
+    );
+    state.containers[0].failed_probe = Some(ProbeKind::Liveness);
+    assert_eq!(
+        doing(&plan(&pod, &state, now)),
+        [Action::Kill { index: 0, probe: ProbeKind::Liveness, grace: 500 }, Action::Running],
+        "the liveness probe sets none: the pod's"
+    );
+}
+
+#[test]
 fn readiness_never_restarts_a_container() {
     let pod = one_container("Always");
     let now = Instant::now();

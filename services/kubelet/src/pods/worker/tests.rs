@@ -55,6 +55,7 @@ fn harness(spec: serde_json::Value) -> Harness {
         ids: None,
         host_paths: crate::volumes::HostPaths::default(),
         gpus: crate::gpus::Gpus::default(),
+        allowed_unsafe_sysctls: Vec::new(),
     });
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
