@@ -100,3 +100,19 @@ go_test_tool() {
   (cd "$dir" && GOFLAGS=-trimpath go test -c -ldflags "$ldflags" -o "$HPK_TOOLS_DIR/bin/$name" "$package")
   echo "$module@$version $package" >"$stamp"
 }
+
+# go_local_tool NAME DIR: builds the main package of the Go module in DIR (a directory of this
+# repository with its own go.mod and go.sum) into $HPK_TOOLS_DIR/bin/NAME, static, once per
+# content of DIR and Go toolchain.
+go_local_tool() {
+  local name=$1 dir=$HPK_ROOT/$2 stamp want
+  stamp="$HPK_TOOLS_DIR/stamps/$name"
+  want="$(go version) $(cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go | sha256sum | cut -d' ' -f1)"
+  if [ -x "$HPK_TOOLS_DIR/bin/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "building $2 ($name)"
+  mkdir -p "$HPK_TOOLS_DIR/bin" "$HPK_TOOLS_DIR/stamps"
+  (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-trimpath go build -o "$HPK_TOOLS_DIR/bin/$name" .)
+  echo "$want" >"$stamp"
+}

@@ -80,8 +80,9 @@ setup_tools() {
   # Docker-free image of this static binary); v0.9.0 is the newest the module proxy serves.
   CGO_ENABLED=0 go_tool metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server@v0.9.0
   # Cluster DNS (deploy/coredns.yaml), run as a pod from a Docker-free image of this static
-  # binary in the Services tests.
-  CGO_ENABLED=0 go_tool coredns github.com/coredns/coredns@v1.14.7
+  # binary in the Services tests: CoreDNS v1.14.7 with the plugins a cluster uses, none of the
+  # cloud ones (integration/coredns/main.go).
+  go_local_tool coredns integration/coredns
   # Storage (deploy/local-path-provisioner.yaml, StorageClass local-path), run as a pod from a
   # Docker-free image of this static binary; v0.0.30 is the newest the module proxy serves.
   CGO_ENABLED=0 go_tool local-path-provisioner github.com/rancher/local-path-provisioner@v0.0.30
