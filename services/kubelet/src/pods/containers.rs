@@ -279,7 +279,7 @@ impl Worker {
         };
         let target = self.probe_target(i, spec).ok_or_else(|| HookError::NoContainer(spec.name.clone()))?;
         match probes::check(ProbeKind::Liveness, &probe, &target).await {
-            probes::Outcome::Success => Ok(()),
+            probes::Outcome::Success | probes::Outcome::Warning(_) => Ok(()),
             probes::Outcome::Failure(message) => {
                 // The check speaks of a probe; this is a hook.
                 let detail = message.strip_prefix("Liveness probe failed: ").unwrap_or(&message).to_owned();

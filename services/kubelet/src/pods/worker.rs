@@ -564,11 +564,10 @@ impl Worker {
     async fn on_probe(&mut self, report: ProbeReport) {
         match report {
             ProbeReport::Failed { container, message, .. } => {
-                let containers = &self.state.containers;
-                let init = containers.iter().any(|c| c.name == container && c.init);
-                if containers.iter().any(|c| c.name == container && c.running()) {
-                    self.event(Some((&container, init)), Kind::Warning, "Unhealthy", message);
-                }
+                self.probe_event(&container, "Unhealthy", message)
+            }
+            ProbeReport::Warned { container, message, .. } => {
+                self.probe_event(&container, "ProbeWarning", message);
             }
             ProbeReport::Changed { container, kind, healthy } => {
                 let Some(i) = self.state.containers.iter().position(|c| c.name == container && c.running())
@@ -586,6 +585,15 @@ impl Worker {
                     }
                 }
             }
+        }
+    }
+
+    /// A Warning event `reason` about a probe of `container`, while it runs.
+    fn probe_event(&self, container: &str, reason: &str, message: String) {
+        let containers = &self.state.containers;
+        let init = containers.iter().any(|c| c.name == container && c.init);
+        if containers.iter().any(|c| c.name == container && c.running()) {
+            self.event(Some((container, init)), Kind::Warning, reason, message);
         }
     }
 

@@ -24,25 +24,29 @@ pub(super) fn timeout(probe: &Probe) -> Duration {
 /// one handler, or naming a port the container lacks, fails with the reason.
 pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
     match attempt(probe, target).await {
-        Ok(()) => Outcome::Success,
+        Ok(None) => Outcome::Success,
+        Ok(Some(warning)) => Outcome::Warning(format!("{kind} probe warning: {warning}")),
         Err(detail) => Outcome::Failure(format!("{kind} probe failed: {detail}")),
     }
 }
 
-async fn attempt(probe: &Probe, target: &Target) -> Result<(), ProbeFailure> {
+/// `Ok(Some(warning))`: passed, with something to say (an HTTP redirect off the probed host,
+/// not followed).
+async fn attempt(probe: &Probe, target: &Target) -> Result<Option<String>, ProbeFailure> {
     let timeout = timeout(probe);
+    let passed = |result: Result<(), ProbeFailure>| result.map(|()| None);
     match (&probe.exec, &probe.http_get, &probe.tcp_socket, &probe.grpc) {
-        (Some(exec), None, None, None) => exec_probe(exec, target, timeout).await,
+        (Some(exec), None, None, None) => passed(exec_probe(exec, target, timeout).await),
         (None, Some(get), None, None) => http_get_probe(get, target, timeout).await,
         (None, None, Some(tcp), None) => {
             let port = resolve_port(&tcp.port, &target.container)?;
-            tcp_probe(&host_or_pod_ip(tcp.host.as_deref(), target)?, port, timeout).await
+            passed(tcp_probe(&host_or_pod_ip(tcp.host.as_deref(), target)?, port, timeout).await)
         }
         (None, None, None, Some(g)) => {
             let port =
                 u16::try_from(g.port).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(g.port))?;
             let service = g.service.as_deref().unwrap_or_default();
-            grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await
+            passed(grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await)
         }
         (None, None, None, None) => Err(ProbeFailure::NoHandler),
         _ => Err(ProbeFailure::ManyHandlers),
@@ -74,7 +78,11 @@ async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Re
     exec_result(&command, result)
 }
 
-async fn http_get_probe(get: &HTTPGetAction, target: &Target, timeout: Duration) -> Result<(), ProbeFailure> {
+async fn http_get_probe(
+    get: &HTTPGetAction,
+    target: &Target,
+    timeout: Duration,
+) -> Result<Option<String>, ProbeFailure> {
     let request = http::Request {
         scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
         port: resolve_port(&get.port, &target.container)?,
@@ -175,7 +183,7 @@ mod tests {
     fn failure(outcome: Outcome) -> String {
         match outcome {
             Outcome::Failure(message) => message,
-            Outcome::Success => panic!("expected a failure"),
+            other => panic!("expected a failure, got {other:?}"),
         }
     }
 
@@ -187,7 +195,11 @@ mod tests {
             failure(http("/fail", addr.port(), false).await),
             "Liveness probe failed: HTTP probe failed with statuscode: 500"
         );
-        assert_eq!(http("/away", addr.port(), false).await, Outcome::Success, "a 301 off the host passes");
+        assert_eq!(
+            http("/away", addr.port(), false).await,
+            Outcome::Warning("Liveness probe warning: Probe terminated redirects, Response body: hi".into()),
+            "a 301 off the host passes, with upstream's warning and the redirect's body"
+        );
         assert_eq!(http("ok", addr.port(), false).await, Outcome::Success, "a path without its slash");
         let head = seen.lock().expect("lock")[0].clone();
         assert!(head.starts_with("GET /ok HTTP/1.1\r\n"), "{head}");

@@ -92,10 +92,14 @@ impl Url {
 struct Response {
     status: u16,
     location: Option<String>,
+    /// The body's first [`MAX_BODY`] bytes.
+    body: Bytes,
 }
 
-/// Runs the probe within `timeout` (redirects included): 200–399 passes.
-pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), ProbeFailure> {
+/// Runs the probe within `timeout` (redirects included): 200–399 passes. A redirect off the
+/// probed host is not followed and passes with a warning naming its body, as upstream's
+/// (`Probe terminated redirects, Response body: …`, the kubelet's ProbeWarning event).
+pub(super) async fn probe(request: Request, timeout: Duration) -> Result<Option<String>, ProbeFailure> {
     let https = match request.scheme.to_ascii_uppercase().as_str() {
         "HTTP" => false,
         "HTTPS" => true,
@@ -125,14 +129,15 @@ pub(super) async fn probe(request: Request, timeout: Duration) -> Result<(), Pro
         };
         let Some((next, relative)) = next else {
             return if (200..400).contains(&response.status) {
-                Ok(())
+                Ok(None)
             } else {
                 Err(ProbeFailure::HttpStatus(response.status))
             };
         };
         // A redirect off the probed host is not followed: the redirect itself is the answer.
         if next.host != first.host {
-            return Ok(());
+            let body = String::from_utf8_lossy(&response.body);
+            return Ok(Some(format!("Probe terminated redirects, Response body: {body}")));
         }
         if redirects == MAX_REDIRECTS {
             break;
@@ -207,9 +212,13 @@ where
     let status = response.status().as_u16();
     let location =
         response.headers().get(http::header::LOCATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    // Read (some of) the body so the server sees its answer taken; what it says does not count.
-    let _ = Limited::new(response.into_body(), MAX_BODY).collect().await;
-    Ok(Response { status, location })
+    // Read (some of) the body so the server sees its answer taken; only a redirect's is shown.
+    let body = Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .unwrap_or_default();
+    Ok(Response { status, location, body })
 }
 
 async fn tls_connect(

@@ -62,6 +62,9 @@ pub enum Outcome {
     /// The container failed, worded as the kubelet's Unhealthy event
     /// (`Liveness probe failed: HTTP probe failed with statuscode: 500`).
     Failure(String),
+    /// The container passed, with a warning worded as the kubelet's ProbeWarning event
+    /// (`Liveness probe warning: Probe terminated redirects, Response body: …`).
+    Warning(String),
 }
 
 /// What a probe worker tells the pod's owner.
@@ -74,6 +77,15 @@ pub enum ProbeReport {
         /// Which probe.
         kind: ProbeKind,
         /// Why, as in [`Outcome::Failure`].
+        message: String,
+    },
+    /// One attempt passed with a warning (a ProbeWarning event).
+    Warned {
+        /// The container's name.
+        container: String,
+        /// Which probe.
+        kind: ProbeKind,
+        /// What, as in [`Outcome::Warning`].
         message: String,
     },
     /// The probe's verdict changed: successThreshold successes or failureThreshold failures in

@@ -97,13 +97,21 @@ async fn run<F, Fut>(
             () = cancel.cancelled() => return,
             outcome = attempt() => outcome,
         };
-        let success = outcome == Outcome::Success;
-        if let Outcome::Failure(message) = outcome {
-            tracing::debug!(container = %container, probe = %kind, %message, "probe failed");
-            let report = ProbeReport::Failed { container: container.clone(), kind, message };
-            if reports.send(report).await.is_err() {
-                return;
+        let success = !matches!(outcome, Outcome::Failure(_));
+        let report = match outcome {
+            Outcome::Success => None,
+            Outcome::Failure(message) => {
+                tracing::debug!(container = %container, probe = %kind, %message, "probe failed");
+                Some(ProbeReport::Failed { container: container.clone(), kind, message })
             }
+            Outcome::Warning(message) => {
+                Some(ProbeReport::Warned { container: container.clone(), kind, message })
+            }
+        };
+        if let Some(report) = report
+            && reports.send(report).await.is_err()
+        {
+            return;
         }
         if last_success == Some(success) {
             run_length = run_length.saturating_add(1);
@@ -179,11 +187,39 @@ mod tests {
                     assert_eq!((container.as_str(), k), ("app", kind));
                     message
                 }
+                ProbeReport::Warned { message, .. } => format!("warned: {message}"),
                 ProbeReport::Changed { healthy, .. } => format!("healthy={healthy}"),
             });
         }
         let times = times.lock().expect("lock").clone();
         (reports, times, stopped)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warning_passes_and_is_reported_each_time() {
+        let schedule = Schedule::of(
+            ProbeKind::Liveness,
+            &probe(json!({"tcpSocket": {"port": 1}, "periodSeconds": 1, "failureThreshold": 1})),
+        );
+        let attempt = || std::future::ready(Outcome::Warning("Liveness probe warning: redirected".into()));
+        let (tx, mut rx) = mpsc::channel(64);
+        let cancel = CancellationToken::new();
+        let worker =
+            tokio::spawn(run(ProbeKind::Liveness, schedule, "app".into(), attempt, tx, cancel.clone()));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        cancel.cancel();
+        worker.await.expect("worker");
+        let mut reports = Vec::new();
+        while let Some(report) = rx.recv().await {
+            reports.push(report);
+        }
+        assert!(reports.len() >= 2, "{reports:?}");
+        for report in reports {
+            assert!(
+                matches!(&report, ProbeReport::Warned { message, .. } if message.ends_with("redirected")),
+                "only warnings, never unhealthy: {report:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
