@@ -10,6 +10,8 @@
 #     --procs N             parallel ginkgo processes              [2]
 #     --nodes N             bubbles of `hpk up --nodes`            [2]
 #     --timeout DURATION    ginkgo's bound on the whole run        [60m]
+#     --flake-attempts N    runs of a failing spec before it counts as failed; a spec that
+#                           passed on a later attempt is marked so in the summary  [1]
 #     --out DIR             reports and logs                       [target/conformance]
 #     --up-arg ARG          one more flag for `hpk up` (repeatable), e.g. --up-arg=--bind=/scratch/data
 #
@@ -43,6 +45,7 @@ KNOWN=""
 PROCS=2
 NODES=2
 TIMEOUT=60m
+ATTEMPTS=1
 OUT=$HPK_ROOT/target/conformance
 UP_ARGS=()
 # The command line as a person would type it again: arguments with specials in single quotes.
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --procs) PROCS=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --flake-attempts) ATTEMPTS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --up-arg) UP_ARGS+=("$2"); shift 2 ;;
     --up-arg=*) UP_ARGS+=("${1#--up-arg=}"); shift ;;
@@ -187,7 +191,7 @@ run_suite() {
   local rc=0
   # In the background, so that an interrupt reaches the trap at once; nsenter and env exec.
   in_host env KUBE_TEST_REPO_LIST="$TMP/repo-list.yaml" "$E2E_BIN/ginkgo" run --nodes="$PROCS" --timeout="$TIMEOUT" \
-    --focus="$FOCUS" --skip="$SKIP" --no-color --output-dir="$OUT" --json-report=report.json --junit-report=junit.xml \
+    --focus="$FOCUS" --skip="$SKIP" --flake-attempts="$ATTEMPTS" --no-color --output-dir="$OUT" --json-report=report.json --junit-report=junit.xml \
     "$E2E_BIN/e2e.test" -- "${E2E_ARGS[@]}" >"$OUT/e2e.log" 2>&1 &
   SUITE_PID=$!
   wait "$SUITE_PID" || rc=$?
@@ -225,8 +229,10 @@ results() {
         elif ($r.State | IN("failed", "timedout", "panicked")) then "failed"
         else $r.State end),
        (if $r == null then 0 else (($r.RunTime // 0) / 1e9 | floor) end),
-       (($r.Failure.Message // "") + (if ($r.Failure.ForwardedPanic // "") != "" then ": " + $r.Failure.ForwardedPanic else "" end)
-        | gsub("\\s+"; " ") | .[0:240])]
+       (if $r != null and $r.State == "passed" and (($r.NumAttempts // 1) > 1)
+        then "flaky: passed on attempt \($r.NumAttempts)"
+        else (($r.Failure.Message // "") + (if ($r.Failure.ForwardedPanic // "") != "" then ": " + $r.Failure.ForwardedPanic else "" end)
+          | gsub("\\s+"; " ") | .[0:240]) end)]
     | @tsv' "$OUT/report.json" 2>/dev/null
 }
 
@@ -256,7 +262,7 @@ UNEXPECTED=0
   echo "# Conformance run, $STARTED"
   echo
   echo "- Command: \`$COMMAND\`"
-  echo "- Focus: \`$FOCUS\`; skip: \`$SKIP\`; $PROCS ginkgo processes; \`hpk up --nodes $NODES\`"
+  echo "- Focus: \`$FOCUS\`; skip: \`$SKIP\`; $PROCS ginkgo processes, $ATTEMPTS attempt(s) per spec; \`hpk up --nodes $NODES\`"
   echo "- Kubernetes e2e suite $("$E2E_BIN/e2e.test" --version 2>/dev/null | head -1), stand-in images (docs/conformance.md)"
   echo "- HPK: checkout $(git describe --always --dirty 2>/dev/null || echo unknown), bubble image $(sed -n 's/.*✓ image \(sha256:[0-9a-f]*\).*/\1/p' "$OUT/hpk-up.log" | head -1)"
   echo "- Time: suite $((RUN_S / 60))m$((RUN_S % 60))s, all $(((SECONDS - START_S) / 60))m$(((SECONDS - START_S) % 60))s (build, registry, hpk up, suite)"
@@ -277,7 +283,8 @@ UNEXPECTED=0
   done < <(sort -t$'\t' -k2,2 -k1,1 "$TMP/results.tsv")
 } >"$OUT/summary.md"
 stage_summary
-echo "conformance: passed $PASSED, failed $FAILED, skipped $SKIPPED, not run $NOTRUN; $UNEXPECTED not in --known-failures"
+FLAKY=$(grep -c $'\tflaky: ' "$TMP/results.tsv" || true)
+echo "conformance: passed $PASSED ($FLAKY on a later attempt), failed $FAILED, skipped $SKIPPED, not run $NOTRUN; $UNEXPECTED not in --known-failures"
 echo "summary: $OUT/summary.md"
 [ "$UNEXPECTED" -eq 0 ]
 }

@@ -102,10 +102,17 @@ setup_controlplane() {
   "$HPK_ROOT/integration/controlplane/build.sh" "$HPK_CACHE_DIR/controlplane/bin"
 }
 
+# Upstream's e2e suite of the pinned release (e2e.test, ginkgo, agnhost, imagetools), from Go
+# modules; build.sh rebuilds only when its inputs change. scripts/conformance.sh runs it.
+setup_e2e() {
+  "$HPK_ROOT/integration/e2e/build.sh" "$HPK_CACHE_DIR/e2e/bin"
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   stage "apt packages" setup_packages
   stage "/dev/net/tun" setup_dev_net_tun
   stage "rust targets" setup_rust_targets
   stage "go tools" setup_tools
   stage "control plane" setup_controlplane
+  stage "e2e suite" setup_e2e
 fi
