@@ -36,14 +36,17 @@ fn items(c: &Cluster, file: &Path) -> Vec<Value> {
 }
 
 /// An example pod with the test registry's httpd in place of nginx, saying hello first, with a
-/// ConfigMap volume (sent to the remote runtime).
+/// ConfigMap volume (sent to the remote runtime), and an httpGet readiness and a tcpSocket
+/// liveness probe on its port, which on the connector's node the remote runtime runs.
 fn example_pod(c: &Cluster, file: &str) -> Value {
     let mut pod = items(c, &examples().join(file)).remove(0);
     let container = &mut pod["spec"]["containers"][0];
     container["image"] = json!(c.httpd);
     container["command"] =
         json!(["sh", "-c", "echo hello from the remote runtime; exec httpd -f -p 8080 -h /www"]);
-    container["ports"] = json!([{"containerPort": 8080}]);
+    container["ports"] = json!([{"containerPort": 8080, "name": "web"}]);
+    container["readinessProbe"] = json!({"httpGet": {"path": "/", "port": "web"}, "periodSeconds": 2});
+    container["livenessProbe"] = json!({"tcpSocket": {"port": 8080}, "periodSeconds": 2});
     container["volumeMounts"] = json!([{"name": "greeting", "mountPath": "/config"}]);
     pod["spec"]["volumes"] = json!([{"name": "greeting", "configMap": {"name": "greeting"}}]);
     pod
@@ -415,6 +418,14 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     untolerated["spec"].as_object_mut().expect("spec").remove("tolerations");
     c.apply(&untolerated.to_string());
 
+    // Probes the remote runtime runs: a readiness probe on a port nothing listens on fails
+    // there, and says so.
+    let mut unready = example_pod(&c, "nginx-pod-toleration.yaml");
+    unready["metadata"]["name"] = json!("unready");
+    unready["spec"]["containers"][0]["readinessProbe"] =
+        json!({"httpGet": {"path": "/", "port": 8081}, "periodSeconds": 2});
+    c.apply(&unready.to_string());
+
     let pods = c.pods("default");
     let remote_net: ipnet_check::Net = POD_CIDR.parse().expect("cidr");
     let connector_ip = c.cp.network().host("connector").expect("host").ip.to_string();
@@ -435,6 +446,28 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         assert!(remote_net.contains(&ip), "{name}'s IP {ip} is not the remote side's ({POD_CIDR})");
         assert_eq!(status.host_ip.as_deref(), Some(connector_ip.as_str()));
     }
+    let refused = eventually(&c, "unready's readiness probe failing", Duration::from_secs(60), || async {
+        let events = c.kubectl(&[
+            "get",
+            "events",
+            "--field-selector=involvedObject.name=unready,reason=Unhealthy",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        events.contains("Readiness probe failed").then_some(events)
+    })
+    .await;
+    let unready = pods.get("unready").await.expect("unready");
+    let ip = unready.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+    assert!(remote_net.contains(&ip), "unready's IP {ip} is not the remote side's ({POD_CIDR})");
+    assert!(
+        refused
+            .contains(&format!("Get \"http://{ip}:8081/\": dial tcp {ip}:8081: connect: connection refused")),
+        "{refused}"
+    );
+    assert_eq!(pod_ready(&unready), Some("False"));
+    assert_eq!(unready.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(CONNECTOR));
+
     let plain = eventually(&c, "plain Running on node1", Duration::from_secs(90), || {
         let pods = pods.clone();
         async move {
@@ -525,7 +558,7 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     let out = c.kubectl(&["exec", "nginx-toleration", "--", "cat", "/config/greeting"]);
     assert_eq!(out, "hello over the link");
 
-    for name in ["nginx-toleration", "nginx", "plain", "untolerated"] {
+    for name in ["nginx-toleration", "nginx", "plain", "untolerated", "unready"] {
         c.kubectl(&["delete", "pod", name, "--wait=false"]);
     }
     kubelet.stop();

@@ -280,9 +280,13 @@ impl Worker {
         let target = self.probe_target(i, spec).ok_or_else(|| HookError::NoContainer(spec.name.clone()))?;
         match probes::check(ProbeKind::Liveness, &probe, &target).await {
             probes::Outcome::Success | probes::Outcome::Warning(_) => Ok(()),
-            probes::Outcome::Failure(message) => {
+            probes::Outcome::Failure(message) | probes::Outcome::Unknown(message) => {
                 // The check speaks of a probe; this is a hook.
-                let detail = message.strip_prefix("Liveness probe failed: ").unwrap_or(&message).to_owned();
+                let detail = message
+                    .strip_prefix("Liveness probe failed: ")
+                    .or_else(|| message.strip_prefix("Liveness probe: "))
+                    .unwrap_or(&message)
+                    .to_owned();
                 Err(HookError::Failed { container: spec.name.clone(), detail })
             }
         }
@@ -296,6 +300,8 @@ impl Worker {
             container_id: id,
             container: spec.clone(),
             cri: self.ctx.runtime.clone(),
+            sandbox_id: self.state.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
+            remote: self.ctx.cri.remote.as_ref().map(|r| r.api.clone()),
         })
     }
 

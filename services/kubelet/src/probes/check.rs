@@ -6,8 +6,9 @@ use k8s_cri::v1::ExecSyncResponse;
 use k8s_openapi::api::core::v1::{Container, ExecAction, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::failure::ProbeFailure;
-use super::{Outcome, ProbeKind, Target, grpc, http};
+use hpk_probe::{Action, HttpGet, ProbeFailure};
+
+use super::{Outcome, ProbeKind, Target};
 use crate::cri::{CriCall, CriError, CriFailure};
 
 /// The most probe output kept in a message, as the kubelet keeps.
@@ -21,11 +22,15 @@ pub(super) fn timeout(probe: &Probe) -> Duration {
 /// One attempt of `probe` against `target`: exec (CRI ExecSync, exit 0 passes), httpGet
 /// (200–399 passes; HTTPS without certificate checks), tcpSocket (a connection passes) or
 /// grpc (`grpc.health.v1.Health/Check` answering SERVING passes). A probe without exactly
-/// one handler, or naming a port the container lacks, fails with the reason.
+/// one handler, or naming a port the container lacks, fails with the reason. In connector
+/// mode the remote runtime runs the network probes.
 pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
     match attempt(probe, target).await {
         Ok(None) => Outcome::Success,
         Ok(Some(warning)) => Outcome::Warning(format!("{kind} probe warning: {warning}")),
+        Err(detail @ ProbeFailure::RemoteUnavailable(_)) => {
+            Outcome::Unknown(format!("{kind} probe: {detail}"))
+        }
         Err(detail) => Outcome::Failure(format!("{kind} probe failed: {detail}")),
     }
 }
@@ -34,22 +39,43 @@ pub async fn check(kind: ProbeKind, probe: &Probe, target: &Target) -> Outcome {
 /// not followed).
 async fn attempt(probe: &Probe, target: &Target) -> Result<Option<String>, ProbeFailure> {
     let timeout = timeout(probe);
-    let passed = |result: Result<(), ProbeFailure>| result.map(|()| None);
-    match (&probe.exec, &probe.http_get, &probe.tcp_socket, &probe.grpc) {
-        (Some(exec), None, None, None) => passed(exec_probe(exec, target, timeout).await),
-        (None, Some(get), None, None) => http_get_probe(get, target, timeout).await,
-        (None, None, Some(tcp), None) => {
-            let port = resolve_port(&tcp.port, &target.container)?;
-            passed(tcp_probe(&host_or_pod_ip(tcp.host.as_deref(), target)?, port, timeout).await)
+    let action = match (&probe.exec, &probe.http_get, &probe.tcp_socket, &probe.grpc) {
+        (Some(exec), None, None, None) => return exec_probe(exec, target, timeout).await.map(|()| None),
+        (None, Some(get), None, None) => Action::HttpGet(http_get(get, target)?),
+        (None, None, Some(tcp), None) => Action::TcpSocket {
+            host: host_or_pod_ip(tcp.host.as_deref(), target)?,
+            port: resolve_port(&tcp.port, &target.container)?,
+        },
+        (None, None, None, Some(g)) => Action::Grpc {
+            host: host_or_pod_ip(None, target)?,
+            port: u16::try_from(g.port).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(g.port))?,
+            service: g.service.clone().unwrap_or_default(),
+        },
+        (None, None, None, None) => return Err(ProbeFailure::NoHandler),
+        _ => return Err(ProbeFailure::ManyHandlers),
+    };
+    match &target.remote {
+        None => hpk_probe::run(&action, timeout).await,
+        Some(remote) => remote_probe(remote.clone(), &target.sandbox_id, &action, timeout).await,
+    }
+}
+
+/// The attempt, run by the remote runtime (connector mode). A link that does not answer in
+/// time fails the attempt as the probe's own timeout would.
+async fn remote_probe(
+    mut remote: hpk_proto::podruntime::v1::remote_client::RemoteClient<tonic::transport::Channel>,
+    sandbox_id: &str,
+    action: &Action,
+    timeout: Duration,
+) -> Result<Option<String>, ProbeFailure> {
+    let request = hpk_probe::wire::request(sandbox_id, action, timeout);
+    // The runtime ends the attempt at the timeout; the margin covers the round trip.
+    match tokio::time::timeout(timeout + Duration::from_secs(2), remote.probe(request)).await {
+        Ok(Ok(response)) => hpk_probe::wire::outcome(response.get_ref()),
+        Ok(Err(status)) => {
+            Err(ProbeFailure::RemoteUnavailable(format!("{}: {}", status.code(), status.message())))
         }
-        (None, None, None, Some(g)) => {
-            let port =
-                u16::try_from(g.port).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(g.port))?;
-            let service = g.service.as_deref().unwrap_or_default();
-            passed(grpc::probe(&host_or_pod_ip(None, target)?, port, service, timeout).await)
-        }
-        (None, None, None, None) => Err(ProbeFailure::NoHandler),
-        _ => Err(ProbeFailure::ManyHandlers),
+        Err(_) => Err(ProbeFailure::RemoteUnavailable(format!("no answer within {timeout:?}"))),
     }
 }
 
@@ -78,19 +104,14 @@ async fn exec_probe(exec: &ExecAction, target: &Target, timeout: Duration) -> Re
     exec_result(&command, result)
 }
 
-async fn http_get_probe(
-    get: &HTTPGetAction,
-    target: &Target,
-    timeout: Duration,
-) -> Result<Option<String>, ProbeFailure> {
-    let request = http::Request {
+fn http_get(get: &HTTPGetAction, target: &Target) -> Result<HttpGet, ProbeFailure> {
+    Ok(HttpGet {
         scheme: get.scheme.clone().unwrap_or_else(|| "HTTP".into()),
         port: resolve_port(&get.port, &target.container)?,
         host: host_or_pod_ip(get.host.as_deref(), target)?,
         path: get.path.clone().unwrap_or_default(),
         headers: get.http_headers.iter().flatten().map(|h| (h.name.clone(), h.value.clone())).collect(),
-    };
-    http::probe(request, timeout).await
+    })
 }
 
 /// A port number, or the number of the container port with that name (or a number written
@@ -113,30 +134,6 @@ pub(super) fn resolve_port(port: &IntOrString, container: &Container) -> Result<
         }
     };
     u16::try_from(number).ok().filter(|p| *p > 0).ok_or(ProbeFailure::InvalidPort(number))
-}
-
-/// `host:port`, with brackets around an IPv6 address.
-pub(super) fn join_host_port(host: &str, port: u16) -> String {
-    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
-}
-
-async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Result<(), ProbeFailure> {
-    let addr = join_host_port(host, port);
-    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
-        Ok(Ok(_stream)) => Ok(()),
-        Ok(Err(e)) => Err(ProbeFailure::Dial { addr, cause: connect_error(&e) }),
-        Err(_) => Err(ProbeFailure::DialTimeout { addr }),
-    }
-}
-
-/// A connect error in Go's words (`connect: connection refused`), which is what users search for.
-pub(super) fn connect_error(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => "connect: connection refused".into(),
-        std::io::ErrorKind::HostUnreachable => "connect: no route to host".into(),
-        std::io::ErrorKind::NetworkUnreachable => "connect: network is unreachable".into(),
-        _ => format!("connect: {e}"),
-    }
 }
 
 /// The verdict on an exec probe's ExecSync answer: exit 0 passes; otherwise the command, its

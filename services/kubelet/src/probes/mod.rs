@@ -1,11 +1,10 @@
-//! Liveness, readiness and startup probes: one attempt (`check.rs`, with the HTTP client in
-//! `http.rs` and the gRPC health check in `grpc.rs`) and the worker that runs a probe on its
-//! schedule and reports when its thresholds are crossed (`worker.rs`).
+//! Liveness, readiness and startup probes: one attempt (`check.rs`: exec through CRI
+//! ExecSync; httpGet, tcpSocket and grpc through `hpk-probe`'s clients, or in connector mode
+//! through the remote runtime's `Remote/Probe`, which runs the same clients on its side) and
+//! the worker that runs a probe on its schedule and reports when its thresholds are crossed
+//! (`worker.rs`).
 
 mod check;
-mod failure;
-mod grpc;
-mod http;
 mod worker;
 
 #[cfg(test)]
@@ -17,7 +16,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Container;
 
 pub use check::check;
-pub use failure::ProbeFailure;
+pub use hpk_probe::ProbeFailure;
 pub use worker::spawn;
 
 /// Which of a container's probes.
@@ -52,6 +51,11 @@ pub struct Target {
     pub container: Container,
     /// The runtime, for exec probes.
     pub cri: std::sync::Arc<dyn crate::cri::CriClient>,
+    /// The pod's sandbox, which a remote runtime's probes name.
+    pub sandbox_id: String,
+    /// In connector mode, the remote runtime, which runs the network probes on its side (the
+    /// pod's address is not reachable from this machine); `None`: this machine runs them.
+    pub remote: Option<hpk_proto::podruntime::v1::remote_client::RemoteClient<tonic::transport::Channel>>,
 }
 
 /// The result of one probe attempt.
@@ -65,6 +69,10 @@ pub enum Outcome {
     /// The container passed, with a warning worded as the kubelet's ProbeWarning event
     /// (`Liveness probe warning: Probe terminated redirects, Response body: …`).
     Warning(String),
+    /// The attempt could not be made (a remote runtime that does not answer): thrown away,
+    /// as upstream's prober throws away its own errors, with neither an event nor a count
+    /// toward a threshold. A node cut from its runtime reports NotReady instead.
+    Unknown(String),
 }
 
 /// What a probe worker tells the pod's owner.

@@ -18,6 +18,8 @@ pub fn target(container: serde_json::Value) -> Target {
         container_id: "c1".into(),
         container: serde_json::from_value::<Container>(container).expect("a container"),
         cri: Arc::new(FakeCri::default()),
+        sandbox_id: "s1".into(),
+        remote: None,
     }
 }
 

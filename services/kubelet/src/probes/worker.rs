@@ -99,6 +99,10 @@ async fn run<F, Fut>(
         };
         let success = !matches!(outcome, Outcome::Failure(_));
         let report = match outcome {
+            Outcome::Unknown(message) => {
+                tracing::debug!(container = %container, probe = %kind, %message, "probe attempt not made");
+                continue;
+            }
             Outcome::Success => None,
             Outcome::Failure(message) => {
                 tracing::debug!(container = %container, probe = %kind, %message, "probe failed");
@@ -220,6 +224,57 @@ mod tests {
                 "only warnings, never unhealthy: {report:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_not_made_is_thrown_away() {
+        let schedule = Schedule::of(
+            ProbeKind::Liveness,
+            &probe(json!({"tcpSocket": {"port": 1}, "periodSeconds": 1, "failureThreshold": 2})),
+        );
+        let n = Arc::new(Mutex::new(0usize));
+        let attempt = move || {
+            let mut n = n.lock().expect("lock");
+            *n += 1;
+            std::future::ready(match *n {
+                1 | 5 => Outcome::Failure(format!("failure {n}")),
+                _ => Outcome::Unknown("Liveness probe: the remote runtime did not run the probe".into()),
+            })
+        };
+        let (tx, mut rx) = mpsc::channel(64);
+        let worker = tokio::spawn(run(
+            ProbeKind::Liveness,
+            schedule,
+            "app".into(),
+            attempt,
+            tx,
+            CancellationToken::new(),
+        ));
+        tokio::time::timeout(Duration::from_secs(60), worker)
+            .await
+            .expect("stops at the verdict")
+            .expect("worker");
+        let mut reports = Vec::new();
+        while let Some(report) = rx.recv().await {
+            reports.push(report);
+        }
+        assert_eq!(
+            reports,
+            [
+                ProbeReport::Failed {
+                    container: "app".into(),
+                    kind: ProbeKind::Liveness,
+                    message: "failure 1".into()
+                },
+                ProbeReport::Failed {
+                    container: "app".into(),
+                    kind: ProbeKind::Liveness,
+                    message: "failure 5".into()
+                },
+                ProbeReport::Changed { container: "app".into(), kind: ProbeKind::Liveness, healthy: false },
+            ],
+            "no event and no count for the three attempts not made, which do not break the run of failures"
+        );
     }
 
     #[tokio::test(start_paused = true)]

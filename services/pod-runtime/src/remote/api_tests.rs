@@ -219,3 +219,83 @@ async fn the_pod_files_go_with_its_last_sandbox() {
     assert!(!pod_files.join(UID).exists(), "gone with the pod's last sandbox");
     assert!(pod_files.exists());
 }
+
+/// A one-request-per-connection HTTP server on 127.0.0.1: `/ok` answers 200, anything else 500.
+async fn http_server() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = vec![0; 4096];
+                let n = stream.read(&mut head).await.unwrap_or(0);
+                let ok = String::from_utf8_lossy(&head[..n]).starts_with("GET /ok ");
+                let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+                let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn probes_run_here_on_the_sandboxs_own_address() {
+    use hpk_probe::{Action, HttpGet};
+    use pb::probe_response::Outcome;
+    let root = tempfile::tempdir().unwrap();
+    let runtime = runtime(root.path());
+    let id = "5".repeat(64);
+    let mut probed = sandbox(&id, UID);
+    probed.ip = Some("127.0.0.1".into());
+    runtime.state.lock().await.sandboxes.insert(id.clone(), probed);
+    let api = RemoteApi::new(Arc::clone(&runtime), 110);
+    let port = http_server().await;
+    let get = |host: &str, path: &str| {
+        Action::HttpGet(HttpGet {
+            scheme: "HTTP".into(),
+            host: host.into(),
+            port,
+            path: path.into(),
+            headers: Vec::new(),
+        })
+    };
+    let probe = |sandbox: &str, action: &Action| {
+        Request::new(hpk_probe::wire::request(sandbox, action, std::time::Duration::from_secs(2)))
+    };
+
+    let passed = api.probe(probe(&id, &get("127.0.0.1", "/ok"))).await.unwrap().into_inner();
+    assert_eq!((passed.outcome(), passed.message.as_str()), (Outcome::Passed, ""));
+    let failed = api.probe(probe(&id, &get("127.0.0.1", "/fail"))).await.unwrap().into_inner();
+    assert_eq!(
+        (failed.outcome(), failed.message.as_str()),
+        (Outcome::Failed, "HTTP probe failed with statuscode: 500")
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tcp = Action::TcpSocket { host: "127.0.0.1".into(), port: closed };
+    let refused = api.probe(probe(&id, &tcp)).await.unwrap().into_inner();
+    assert_eq!(refused.outcome(), Outcome::Failed);
+    assert_eq!(refused.message, format!("dial tcp 127.0.0.1:{closed}: connect: connection refused"));
+
+    // Refusals: another host, an unknown sandbox, a malformed request, too many at once.
+    let elsewhere = api.probe(probe(&id, &get("127.0.0.2", "/ok"))).await.unwrap_err();
+    assert_eq!(elsewhere.code(), Code::InvalidArgument);
+    assert!(elsewhere.message().contains("not an address of sandbox"), "{}", elsewhere.message());
+    let unknown = api.probe(probe(&"6".repeat(64), &get("127.0.0.1", "/ok"))).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    let mut malformed =
+        hpk_probe::wire::request(&id, &get("127.0.0.1", "/ok"), std::time::Duration::from_secs(1));
+    malformed.action = None;
+    let malformed = api.probe(Request::new(malformed)).await.unwrap_err();
+    assert_eq!(malformed.code(), Code::InvalidArgument);
+    let all =
+        Arc::clone(&api.probes).acquire_many_owned(u32::try_from(super::probe::MAX_RUNNING).unwrap()).await;
+    let busy = api.probe(probe(&id, &get("127.0.0.1", "/ok"))).await.unwrap_err();
+    assert_eq!(busy.code(), Code::ResourceExhausted);
+    drop(all);
+    assert_eq!(
+        api.probe(probe(&id, &get("127.0.0.1", "/ok"))).await.unwrap().into_inner().outcome(),
+        Outcome::Passed
+    );
+}

@@ -6,11 +6,14 @@
 //! - [`logs`]: ReadLog through `hpk-cri-logs`.
 //! - Allocation: `hpk-node-resources` over the runtime's root and the process's Slurm
 //!   variables.
+//! - [`probe`]: Probe, one attempt of a network probe on a sandbox's own address, through
+//!   `hpk-probe`'s clients (the kubelet's own).
 //!
 //! The handlers are thin: the logic takes a root path and is tested without a runtime.
 
 pub mod files;
 pub mod logs;
+pub mod probe;
 mod validate;
 
 #[cfg(test)]
@@ -40,6 +43,9 @@ pub enum Error {
     /// What the request names does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// Too many requests of this kind run already.
+    #[error("{0}")]
+    Busy(String),
     /// A file operation failed.
     #[error("cannot {action} {path}: {source}")]
     Io {
@@ -78,6 +84,7 @@ impl From<Error> for Status {
             Error::Runtime(e) => return e.into(),
             Error::Invalid(_) => Code::InvalidArgument,
             Error::NotFound(_) => Code::NotFound,
+            Error::Busy(_) => Code::ResourceExhausted,
             Error::Io { .. } | Error::Resources(_) | Error::Task(_) => Code::Internal,
         };
         Status::new(code, error.to_string())
@@ -91,6 +98,8 @@ pub struct RemoteApi {
     /// `<runtime root>/pod-files`, absolute: its paths are answered to the kubelet.
     pod_files: PathBuf,
     max_pods: u32,
+    /// Probes running now, at most [`probe::MAX_RUNNING`].
+    probes: Arc<tokio::sync::Semaphore>,
 }
 
 impl RemoteApi {
@@ -98,7 +107,8 @@ impl RemoteApi {
     pub fn new(runtime: Arc<Runtime>, max_pods: u32) -> Self {
         let pod_files = runtime.config.root.join(files::POD_FILES);
         let pod_files = std::path::absolute(&pod_files).unwrap_or(pod_files);
-        Self { runtime, pod_files, max_pods }
+        let probes = Arc::new(tokio::sync::Semaphore::new(probe::MAX_RUNNING));
+        Self { runtime, pod_files, max_pods, probes }
     }
 }
 
@@ -167,5 +177,12 @@ impl Remote for RemoteApi {
         .await
         .map_err(Error::from)??;
         Ok(Response::new(answer))
+    }
+
+    async fn probe(&self, request: Request<pb::ProbeRequest>) -> Reply<pb::ProbeResponse> {
+        let _running = Arc::clone(&self.probes)
+            .try_acquire_owned()
+            .map_err(|_| Error::Busy(format!("{} probes are running; try again", probe::MAX_RUNNING)))?;
+        Ok(Response::new(probe::run(&self.runtime, request.get_ref()).await?))
     }
 }

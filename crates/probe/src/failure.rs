@@ -139,6 +139,12 @@ pub enum ProbeFailure {
     /// The service answered other than SERVING.
     #[error("service unhealthy (responded with {0:?})")]
     GrpcUnhealthy(&'static str),
+    /// The remote runtime ran the probe (connector mode) and it failed: its words.
+    #[error("{0}")]
+    Remote(String),
+    /// The remote runtime did not run the probe (connector mode): the link's error.
+    #[error("the remote runtime did not run the probe: {0}")]
+    RemoteUnavailable(String),
 }
 
 /// `": output"`, or nothing for no output.

@@ -14,8 +14,8 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 
-use super::check::{connect_error, join_host_port};
-use super::failure::ProbeFailure;
+use crate::failure::ProbeFailure;
+use crate::{HttpGet, connect_error, join_host_port};
 
 /// The most of a response body read (the rest is left unread), as the kubelet reads.
 const MAX_BODY: usize = 10 * 1024;
@@ -23,20 +23,6 @@ const MAX_BODY: usize = 10 * 1024;
 const MAX_REDIRECTS: usize = 10;
 /// The User-Agent the kubelet's probes send, unless the probe sets its own.
 const USER_AGENT: &str = "kube-probe/1.35";
-
-/// One httpGet probe, its port resolved.
-pub(super) struct Request {
-    /// `HTTP` or `HTTPS`.
-    pub scheme: String,
-    /// Where to connect (the pod's IP unless the probe names a host).
-    pub host: String,
-    /// The port.
-    pub port: u16,
-    /// Path (and query).
-    pub path: String,
-    /// The probe's httpHeaders; a `Host` header sets the request's Host.
-    pub headers: Vec<(String, String)>,
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Url {
@@ -99,7 +85,7 @@ struct Response {
 /// Runs the probe within `timeout` (redirects included): 200–399 passes. A redirect off the
 /// probed host is not followed and passes with a warning naming its body, as upstream's
 /// (`Probe terminated redirects, Response body: …`, the kubelet's ProbeWarning event).
-pub(super) async fn probe(request: Request, timeout: Duration) -> Result<Option<String>, ProbeFailure> {
+pub(crate) async fn probe(request: HttpGet, timeout: Duration) -> Result<Option<String>, ProbeFailure> {
     let https = match request.scheme.to_ascii_uppercase().as_str() {
         "HTTP" => false,
         "HTTPS" => true,

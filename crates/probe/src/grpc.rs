@@ -7,8 +7,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::check::join_host_port;
-use super::failure::ProbeFailure;
+use crate::failure::ProbeFailure;
+use crate::join_host_port;
 
 /// An error and its causes, `: `-joined (tonic's own text is only "transport error").
 fn chain(error: &dyn std::error::Error) -> String {
@@ -24,7 +24,7 @@ fn chain(error: &dyn std::error::Error) -> String {
 
 /// Asks `host:port` for the health of `service` (the server's overall health when empty):
 /// SERVING passes.
-pub(super) async fn probe(
+pub(crate) async fn probe(
     host: &str,
     port: u16,
     service: &str,
