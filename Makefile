@@ -78,7 +78,8 @@ ci:
 bench:
 	$(CARGO) bench -p hpk-cert-signer --bench signing
 
-# Upstream's e2e conformance suite against `hpk up --nodes 2` (docs/conformance.md); as root.
+# Upstream's e2e conformance suite against `hpk up --nodes 2`, or with --cluster slurm against
+# `sbatch --nodes=3 slurm/hpk.slurm` on a real Slurm (docs/conformance.md); as root.
 # CONFORMANCE_ARGS, e.g. --focus '\[sig-node\].*\[Conformance\]' --known-failures FILE.
 conformance:
 	scripts/conformance.sh $(CONFORMANCE_ARGS)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs upstream's Kubernetes e2e conformance suite (v1.35.4, built from Go modules) against a
-# fresh `hpk up` cluster on this machine, and writes the results (`make conformance`).
+# fresh HPK cluster on this machine — `hpk up`, or `sbatch --nodes=3 slurm/hpk.slurm` on a real
+# Slurm — and writes the results (`make conformance`).
 #
 #   scripts/conformance.sh [options]
 #     --focus RE            ginkgo focus           ['\[Conformance\]']
@@ -8,12 +9,17 @@
 #     --known-failures FILE tab-separated lines: spec-name regex (grep -E), reason. The exit status
 #                           counts only failures no line matches ('#' lines are comments)
 #     --procs N             parallel ginkgo processes              [2]
-#     --nodes N             bubbles of `hpk up --nodes`            [2]
+#     --cluster KIND        local: `hpk up --nodes N` on a test host; slurm: a real Slurm of three
+#                           compute nodes in test namespaces (hpk-testcluster slurm: one mapped
+#                           ID, as an unprivileged site user has), the release bundle unpacked
+#                           in its user's home, and `sbatch --nodes=3 slurm/hpk.slurm` as that
+#                           user, as scripts/demo.sh does             [local]
+#     --nodes N             bubbles of `hpk up --nodes` (local)    [2]
 #     --timeout DURATION    ginkgo's bound on the whole run        [60m]
 #     --flake-attempts N    runs of a failing spec before it counts as failed; a spec that
 #                           passed on a later attempt is marked so in the summary  [1]
 #     --out DIR             reports and logs                       [target/conformance]
-#     --up-arg ARG          one more flag for `hpk up` (repeatable), e.g. --up-arg=--bind=/scratch/data
+#     --up-arg ARG          one more flag for `hpk up` or hpk.slurm (repeatable), e.g. --up-arg=--bind=/scratch/data
 #
 # What it does, each step cached where it can be:
 #   1. builds e2e.test, ginkgo, agnhost and imagetools (integration/e2e/build.sh: stamp-cached in
@@ -24,9 +30,14 @@
 #      images to it (integration/e2e/images.sh) and points the suite at them (KUBE_TEST_REPO_LIST);
 #   3. `hpk up --nodes 2` on that test host, with its own HPK_HOME and HPK_STATE_DIR, and a
 #      directory of the run bound at /tmp/job-e2e (the Job specs mount hostPaths there);
-#   4. ginkgo run e2e.test --provider=skeleton in the test host's network namespace;
+#      with --cluster slurm instead: the Slurm (its login node holds the registry), the release
+#      bundle (`make dist PROFILE=debug` when missing) unpacked in the user's home, the job
+#      submitted with the same flags and a directory of the user's bound at /tmp/job-e2e;
+#   4. ginkgo run e2e.test --provider=skeleton in the test host's network namespace (slurm: on
+#      the login node, with the user's ~/.hpk/kubeconfig);
 #   5. DIR/summary.md: command, date, time taken, totals, one row per spec;
-#   6. `hpk down`, stops the registry host, removes the temporary directory.
+#   6. `hpk down` (slurm: `scancel --batch --signal=TERM` and the job's end), stops the registry
+#      host (or the Slurm), removes the temporary directory.
 # Writes DIR/report.json, DIR/junit.xml (ginkgo's), DIR/planned.json (the dry run listing the
 # specs the focus selects), DIR/e2e.log, DIR/hpk-up.log, DIR/registry.log, DIR/summary.md.
 # Exit status: 0 when every selected spec passed or failed as listed in --known-failures,
@@ -44,6 +55,7 @@ SKIP='\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Slow\]'
 KNOWN=""
 PROCS=2
 NODES=2
+KIND=local
 TIMEOUT=60m
 ATTEMPTS=1
 OUT=$HPK_ROOT/target/conformance
@@ -60,6 +72,7 @@ while [ $# -gt 0 ]; do
     --known-failures) KNOWN=$(realpath "$2"); shift 2 ;;
     --procs) PROCS=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
+    --cluster) KIND=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
     --flake-attempts) ATTEMPTS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -73,6 +86,7 @@ done
 die() { echo "conformance.sh: $*" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces for the registry host, as scripts/demo.sh local)"
 [ -z "$KNOWN" ] || [ -f "$KNOWN" ] || die "--known-failures $KNOWN: no such file"
+case $KIND in local | slurm) ;; *) die "--cluster $KIND: local or slurm" ;; esac
 for tool in go jq curl nsenter docker-registry busybox; do
   command -v "$tool" >/dev/null || die "$tool not found (scripts/setup.sh)"
 done
@@ -85,7 +99,9 @@ KUBECTL=$HPK_CACHE_DIR/controlplane/bin/kubectl
 HPK=$HPK_ROOT/target/debug/hpk
 TMP=$(mktemp -d /tmp/hpk-conformance.XXXXXX)
 CLUSTER=conformance
-HELPER_PID="" NETNS="" UP="" SUITE_PID=""
+HELPER_PID="" NETNS="" UP="" SUITE_PID="" JOB=""
+# The cluster's kubeconfig, once it is up.
+KUBECONFIG_FILE=$TMP/home/$CLUSTER/kubeconfig
 
 # stop PID NAME: SIGTERM, then SIGKILL after 60 s; only the processes this script started.
 stop() {
@@ -107,6 +123,13 @@ descendants() {
 }
 
 in_host() { nsenter --net="/run/netns/$NETNS" -- env HPK_HOME="$TMP/home" HPK_STATE_DIR="$TMP/state" "$@"; }
+# Where the suite runs: the local cluster's test host, or the Slurm's login node (this namespace).
+on_client() { if [ "$KIND" = local ]; then in_host "$@"; else "$@"; fi; }
+# The Slurm's user, as demo.sh runs it.
+as_user() {
+  runuser -u "$HPK_DEMO_USER" -- env HOME="$HPK_DEMO_HOME" SLURM_CONF="$HPK_DEMO_SLURM_CONF" \
+    PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin "$@"
+}
 
 cleanup() {
   local rc=$?
@@ -117,6 +140,15 @@ cleanup() {
     # ginkgo does not pass an interrupt on to its e2e.test processes: each is told itself.
     for pid in $(descendants "$SUITE_PID"); do kill -INT "$pid" 2>/dev/null; done
     stop "$SUITE_PID" ginkgo
+  fi
+  if [ -n "$JOB" ]; then
+    echo "==> scancel --batch --signal=TERM $JOB"
+    as_user scancel --batch --signal=TERM "$JOB" || true
+    for _ in $(seq 1200); do
+      [ -z "$(as_user squeue -h -j "$JOB" 2>/dev/null)" ] && break
+      sleep 0.1
+    done
+    cp "$HPK_DEMO_HOME/slurm-$JOB.out" "$OUT/hpk-down.log" 2>/dev/null
   fi
   if [ -n "$UP" ]; then
     echo "==> hpk down --name $CLUSTER"
@@ -137,20 +169,25 @@ build() {
   integration/e2e/build.sh "$E2E_BIN"
   if [ ! -x "$HPK" ] || [ ! -x target/debug/hpk-testcluster ]; then cargo build --workspace --bins --locked; fi
   if [ ! -f target/images/hpk-bubble.oci.tar ] || [ ! -f target/images/hpk-pause/index.json ]; then make images; fi
+  if [ "$KIND" = slurm ] && [ ! -f "target/dist/hpk-$(version).tar.gz" ]; then make dist PROFILE=debug; fi
 }
 
+version() { sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml; }
+
 start_registry() {
-  target/debug/hpk-testcluster registry --env-file "$TMP/env" >"$OUT/registry.log" 2>&1 &
+  local helper=registry
+  [ "$KIND" = local ] || helper=slurm
+  target/debug/hpk-testcluster "$helper" --env-file "$TMP/env" >"$OUT/registry.log" 2>&1 &
   HELPER_PID=$!
-  for _ in $(seq 1 1200); do
+  for _ in $(seq 1 3000); do
     [ -f "$TMP/env" ] && break
     kill -0 "$HELPER_PID" 2>/dev/null || { cat "$OUT/registry.log"; return 1; }
     sleep 0.1
   done
-  [ -f "$TMP/env" ] || { echo "hpk-testcluster registry was not ready within 120 s" >&2; return 1; }
+  [ -f "$TMP/env" ] || { echo "hpk-testcluster $helper was not ready within 300 s" >&2; return 1; }
   # shellcheck disable=SC1091
   source "$TMP/env"
-  NETNS=$HPK_DEMO_NETNS
+  NETNS=${HPK_DEMO_NETNS:-}
   integration/e2e/images.sh "$HPK_DEMO_REGISTRY" "$TMP/images" "$E2E_BIN" target/images/hpk-pause "$TMP/repo-list.yaml"
 }
 
@@ -169,9 +206,36 @@ up() {
   in_host "$KUBECTL" --kubeconfig "$TMP/home/$CLUSTER/kubeconfig" get nodes -o wide
 }
 
+# The Slurm way: the bundle unpacked in the user's home and the job submitted as the user, with
+# the flags `up` gives; up once hpk.slurm prints the kubeconfig's export line.
+submit() {
+  local bundle out
+  bundle=$HPK_DEMO_HOME/hpk-$(version)
+  install -o "$HPK_DEMO_USER" -m 0644 "target/dist/hpk-$(version).tar.gz" "$HPK_DEMO_HOME/"
+  as_user tar -xzf "$HPK_DEMO_HOME/hpk-$(version).tar.gz" -C "$HPK_DEMO_HOME"
+  as_user mkdir -p "$HPK_DEMO_HOME/job-e2e"
+  JOB=$(cd "$bundle" && as_user sbatch --parsable --output="$HPK_DEMO_HOME/slurm-%j.out" --nodes=3 slurm/hpk.slurm \
+    --bind="$HPK_DEMO_HOME/job-e2e:/tmp/job-e2e" \
+    --insecure-registry="$HPK_DEMO_REGISTRY" --coredns-image="$HPK_DEMO_COREDNS" \
+    --metrics-server-image="$HPK_DEMO_METRICS_SERVER" --local-path-provisioner-image="$HPK_DEMO_LOCAL_PATH" \
+    --local-path-helper-image="$HPK_DEMO_SHELL" --kubelet-arg=--disk-pressure-percent=1 "${UP_ARGS[@]}")
+  JOB=${JOB%%;*}
+  out=$HPK_DEMO_HOME/slurm-$JOB.out
+  echo "job $JOB: $out"
+  for _ in $(seq 1 6000); do
+    grep -q '^export KUBECONFIG=' "$out" 2>/dev/null && break
+    if [ -z "$(as_user squeue -h -j "$JOB")" ]; then cat "$out" 2>/dev/null; JOB=""; return 1; fi
+    sleep 0.1
+  done
+  cp "$out" "$OUT/hpk-up.log"
+  grep -q '^export KUBECONFIG=' "$out" || { cat "$out"; echo "the cluster was not up within 600 s" >&2; return 1; }
+  KUBECONFIG_FILE=$HPK_DEMO_HOME/.hpk/kubeconfig
+  "$KUBECTL" --kubeconfig "$KUBECONFIG_FILE" get nodes -o wide
+}
+
 E2E_ARGS=()
 e2e_args() {
-  E2E_ARGS=(--provider=skeleton --kubeconfig="$TMP/home/$CLUSTER/kubeconfig" --kubectl-path="$KUBECTL"
+  E2E_ARGS=(--provider=skeleton --kubeconfig="$KUBECONFIG_FILE" --kubectl-path="$KUBECTL"
     --report-dir="$TMP/e2e-reports" --e2e-output-dir="$TMP/e2e-output")
   mkdir -p "$TMP/e2e-reports" "$TMP/e2e-output"
 }
@@ -190,7 +254,7 @@ run_suite() {
   e2e_args
   local rc=0
   # In the background, so that an interrupt reaches the trap at once; nsenter and env exec.
-  in_host env KUBE_TEST_REPO_LIST="$TMP/repo-list.yaml" "$E2E_BIN/ginkgo" run --nodes="$PROCS" --timeout="$TIMEOUT" \
+  on_client env KUBE_TEST_REPO_LIST="$TMP/repo-list.yaml" "$E2E_BIN/ginkgo" run --nodes="$PROCS" --timeout="$TIMEOUT" \
     --focus="$FOCUS" --skip="$SKIP" --flake-attempts="$ATTEMPTS" --no-color --output-dir="$OUT" --json-report=report.json --junit-report=junit.xml \
     "$E2E_BIN/e2e.test" -- "${E2E_ARGS[@]}" >"$OUT/e2e.log" 2>&1 &
   SUITE_PID=$!
@@ -204,8 +268,13 @@ run_suite() {
 STARTED=$(date -u '+%Y-%m-%d %H:%M UTC')
 START_S=$SECONDS
 stage "build (cached)" build
-stage "registry and e2e images" start_registry
-stage "hpk up --nodes $NODES" up
+if [ "$KIND" = local ]; then
+  stage "registry and e2e images" start_registry
+  stage "hpk up --nodes $NODES" up
+else
+  stage "Slurm, registry and e2e images" start_registry
+  stage "sbatch --nodes=3 slurm/hpk.slurm" submit
+fi
 stage "select specs (dry run)" plan
 RUN_START=$SECONDS
 stage "e2e suite" run_suite
@@ -262,10 +331,11 @@ UNEXPECTED=0
   echo "# Conformance run, $STARTED"
   echo
   echo "- Command: \`$COMMAND\`"
-  echo "- Focus: \`$FOCUS\`; skip: \`$SKIP\`; $PROCS ginkgo processes, $ATTEMPTS attempt(s) per spec; \`hpk up --nodes $NODES\`"
+  if [ "$KIND" = local ]; then CLUSTER_SAID="\`hpk up --nodes $NODES\`"; else CLUSTER_SAID="\`sbatch --nodes=3 slurm/hpk.slurm\` on a real Slurm (one mapped ID)"; fi
+  echo "- Focus: \`$FOCUS\`; skip: \`$SKIP\`; $PROCS ginkgo processes, $ATTEMPTS attempt(s) per spec; $CLUSTER_SAID"
   echo "- Kubernetes e2e suite $("$E2E_BIN/e2e.test" --version 2>/dev/null | head -1), stand-in images (docs/conformance.md)"
   echo "- HPK: checkout $(git describe --always --dirty 2>/dev/null || echo unknown), bubble image $(sed -n 's/.*✓ image \(sha256:[0-9a-f]*\).*/\1/p' "$OUT/hpk-up.log" | head -1)"
-  echo "- Time: suite $((RUN_S / 60))m$((RUN_S % 60))s, all $(((SECONDS - START_S) / 60))m$(((SECONDS - START_S) % 60))s (build, registry, hpk up, suite)"
+  echo "- Time: suite $((RUN_S / 60))m$((RUN_S % 60))s, all $(((SECONDS - START_S) / 60))m$(((SECONDS - START_S) % 60))s (build, registry, the cluster, suite)"
   echo "- Specs selected: $(wc -l <"$TMP/results.tsv"): passed $PASSED, failed $FAILED, skipped $SKIPPED, not run $NOTRUN"
   echo
   echo "| spec | result | s | failure |"
