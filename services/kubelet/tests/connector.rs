@@ -425,6 +425,13 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     unready["spec"]["containers"][0]["readinessProbe"] =
         json!({"httpGet": {"path": "/", "port": 8081}, "periodSeconds": 2});
     c.apply(&unready.to_string());
+    // A probe naming a host other than the pod's own is refused there, and the event says so.
+    let mut elsewhere = example_pod(&c, "nginx-pod-toleration.yaml");
+    elsewhere["metadata"]["name"] = json!("elsewhere");
+    let gateway = c.cp.network().gateway().to_string();
+    elsewhere["spec"]["containers"][0]["readinessProbe"] =
+        json!({"httpGet": {"host": gateway, "path": "/", "port": 8080}, "periodSeconds": 2});
+    c.apply(&elsewhere.to_string());
 
     let pods = c.pods("default");
     let remote_net: ipnet_check::Net = POD_CIDR.parse().expect("cidr");
@@ -466,6 +473,23 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         "{refused}"
     );
     assert_eq!(pod_ready(&unready), Some("False"));
+    let refused_elsewhere = eventually(&c, "elsewhere's probe refused", Duration::from_secs(60), || async {
+        let events = c.kubectl(&[
+            "get",
+            "events",
+            "--field-selector=involvedObject.name=elsewhere,reason=Unhealthy",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        events.contains("Readiness probe failed").then_some(events)
+    })
+    .await;
+    assert!(
+        refused_elsewhere.contains(&format!(
+            "the remote runtime refused the probe: host \"{gateway}\" is not an address of sandbox"
+        )),
+        "{refused_elsewhere}"
+    );
     assert_eq!(unready.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(CONNECTOR));
 
     let plain = eventually(&c, "plain Running on node1", Duration::from_secs(90), || {
@@ -558,7 +582,7 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     let out = c.kubectl(&["exec", "nginx-toleration", "--", "cat", "/config/greeting"]);
     assert_eq!(out, "hello over the link");
 
-    for name in ["nginx-toleration", "nginx", "plain", "untolerated", "unready"] {
+    for name in ["nginx-toleration", "nginx", "plain", "untolerated", "unready", "elsewhere"] {
         c.kubectl(&["delete", "pod", name, "--wait=false"]);
     }
     kubelet.stop();

@@ -60,8 +60,10 @@ async fn attempt(probe: &Probe, target: &Target) -> Result<Option<String>, Probe
     }
 }
 
-/// The attempt, run by the remote runtime (connector mode). A link that does not answer in
-/// time fails the attempt as the probe's own timeout would.
+/// The attempt, run by the remote runtime (connector mode). A link that does not answer, or a
+/// runtime too busy to run it, makes the attempt one not made (`RemoteUnavailable`: thrown
+/// away); a request the runtime refuses (a host not the pod's own, a sandbox gone) fails with
+/// the runtime's reason, which the Unhealthy event shows.
 async fn remote_probe(
     mut remote: hpk_proto::podruntime::v1::remote_client::RemoteClient<tonic::transport::Channel>,
     sandbox_id: &str,
@@ -72,10 +74,19 @@ async fn remote_probe(
     // The runtime ends the attempt at the timeout; the margin covers the round trip.
     match tokio::time::timeout(timeout + Duration::from_secs(2), remote.probe(request)).await {
         Ok(Ok(response)) => hpk_probe::wire::outcome(response.get_ref()),
-        Ok(Err(status)) => {
-            Err(ProbeFailure::RemoteUnavailable(format!("{}: {}", status.code(), status.message())))
-        }
+        Ok(Err(status)) => Err(remote_refusal(&status)),
         Err(_) => Err(ProbeFailure::RemoteUnavailable(format!("no answer within {timeout:?}"))),
+    }
+}
+
+/// What a `Remote/Probe` error means for the attempt.
+fn remote_refusal(status: &tonic::Status) -> ProbeFailure {
+    use tonic::Code;
+    match status.code() {
+        Code::InvalidArgument | Code::NotFound | Code::PermissionDenied | Code::FailedPrecondition => {
+            ProbeFailure::Remote(format!("the remote runtime refused the probe: {}", status.message()))
+        }
+        code => ProbeFailure::RemoteUnavailable(format!("{code}: {}", status.message())),
     }
 }
 
@@ -181,6 +192,25 @@ mod tests {
         match outcome {
             Outcome::Failure(message) => message,
             other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_remote_refusal_fails_and_a_link_down_is_not_counted() {
+        let refused = remote_refusal(&tonic::Status::invalid_argument(
+            "host \"10.0.0.9\" is not an address of sandbox s",
+        ));
+        assert_eq!(
+            refused.to_string(),
+            "the remote runtime refused the probe: host \"10.0.0.9\" is not an address of sandbox s"
+        );
+        assert!(matches!(remote_refusal(&tonic::Status::not_found("sandbox s")), ProbeFailure::Remote(_)));
+        for status in [
+            tonic::Status::unavailable("connection refused"),
+            tonic::Status::resource_exhausted("512 probes are running"),
+            tonic::Status::deadline_exceeded("late"),
+        ] {
+            assert!(matches!(remote_refusal(&status), ProbeFailure::RemoteUnavailable(_)), "{status:?}");
         }
     }
 
