@@ -208,6 +208,16 @@ fn ready(node: &Node) -> Option<&str> {
     node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
 }
 
+/// The messages of pod `name`'s Unhealthy events, once one says its readiness probe failed.
+async fn readiness_failures(c: &Cluster, name: &str) -> String {
+    let selector = format!("--field-selector=involvedObject.name={name},reason=Unhealthy");
+    eventually(c, &format!("{name}'s readiness probe failing"), Duration::from_secs(60), || async {
+        let events = c.kubectl(&["get", "events", &selector, "-o", "jsonpath={.items[*].message}"]);
+        events.contains("Readiness probe failed").then_some(events)
+    })
+    .await
+}
+
 fn pod_ready(pod: &Pod) -> Option<&str> {
     pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
 }
@@ -453,17 +463,7 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         assert!(remote_net.contains(&ip), "{name}'s IP {ip} is not the remote side's ({POD_CIDR})");
         assert_eq!(status.host_ip.as_deref(), Some(connector_ip.as_str()));
     }
-    let refused = eventually(&c, "unready's readiness probe failing", Duration::from_secs(60), || async {
-        let events = c.kubectl(&[
-            "get",
-            "events",
-            "--field-selector=involvedObject.name=unready,reason=Unhealthy",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ]);
-        events.contains("Readiness probe failed").then_some(events)
-    })
-    .await;
+    let refused = readiness_failures(&c, "unready").await;
     let unready = pods.get("unready").await.expect("unready");
     let ip = unready.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
     assert!(remote_net.contains(&ip), "unready's IP {ip} is not the remote side's ({POD_CIDR})");
@@ -473,17 +473,7 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         "{refused}"
     );
     assert_eq!(pod_ready(&unready), Some("False"));
-    let refused_elsewhere = eventually(&c, "elsewhere's probe refused", Duration::from_secs(60), || async {
-        let events = c.kubectl(&[
-            "get",
-            "events",
-            "--field-selector=involvedObject.name=elsewhere,reason=Unhealthy",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ]);
-        events.contains("Readiness probe failed").then_some(events)
-    })
-    .await;
+    let refused_elsewhere = readiness_failures(&c, "elsewhere").await;
     assert!(
         refused_elsewhere.contains(&format!(
             "the remote runtime refused the probe: host \"{gateway}\" is not an address of sandbox"
