@@ -106,40 +106,6 @@ mod tests {
     }
 
     #[test]
-    fn a_flood_of_bad_tokens_logs_a_few_lines() {
-        #[derive(Clone, Default)]
-        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("lock").extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
-        // tracing caches each log callsite's interest when it is first hit: another test's
-        // thread may hit the interceptor's callsites first, with no subscriber, and store its
-        // "never" after this test's subscriber was counted in. So the callsites are hit here
-        // first (no subscriber on this thread yet: nothing captured), and their interest
-        // recomputed once this test's subscriber is in place.
-        let _ = RequireToken::default().call(request_with(Some("Bearer wrong")));
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::callsite::rebuild_interest_cache();
-            let mut check = RequireToken::default();
-            for _ in 0..1000 {
-                assert!(check.call(request_with(Some("Bearer wrong"))).is_err(), "every one is refused");
-            }
-        });
-        let text = String::from_utf8(lines.0.lock().expect("lock").clone()).expect("utf-8");
-        assert_eq!(text.matches("request refused").count(), LogLimit::BURST as usize, "{text}");
-    }
-
-    #[test]
     fn short_or_open_token_files_are_refused() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().expect("tempdir");
