@@ -9,8 +9,10 @@
 //! When not enough can be freed, the Node gets a Warning event `FreeDiskSpaceFailed` with the
 //! figures; each removal is logged and reported as a Normal event `ImageGCRemoved` on the
 //! Node. "Last used" is known from the time this kubelet started: an image seen unused at
-//! start counts as used then (upstream does the same). In connector mode the images lie on
-//! the runtime's machine and nothing is collected here.
+//! start counts as used then, and one that appears later (a pull) as used when it was first
+//! seen (upstream's "first detected"), so that the minimum age keeps a pull for a pod whose
+//! container is not created yet. In connector mode the images lie on the runtime's machine
+//! and nothing is collected here.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -78,6 +80,57 @@ pub fn bytes_to_free(total: u64, used: u64, policy: &Policy) -> u64 {
     used.saturating_sub(total * u64::from(policy.low_percent) / 100)
 }
 
+/// The images as the collection sees them at `now`: what `containers` use is marked used now;
+/// an image not seen before counts as last used when it was `detected` (upstream's
+/// "first detected"), so that a pull for a pod about to start is kept for the minimum age
+/// even when the pod's container is created just after the containers were listed; names of
+/// images gone are forgotten.
+fn candidates(
+    images: &[cri::Image],
+    containers: &[cri::Container],
+    last_used: &mut HashMap<String, Instant>,
+    now: Instant,
+    detected: Instant,
+) -> Vec<Candidate> {
+    let mut used_now = std::collections::HashSet::new();
+    for c in containers {
+        for name in [c.image_ref.as_str(), c.image_id.as_str()]
+            .into_iter()
+            .chain(c.image.as_ref().map(|i| i.image.as_str()))
+        {
+            if !name.is_empty() {
+                last_used.insert(name.to_owned(), now);
+                used_now.insert(name);
+            }
+        }
+    }
+    let names = |image: &cri::Image| -> Vec<String> {
+        std::iter::once(&image.id).chain(&image.repo_tags).chain(&image.repo_digests).cloned().collect()
+    };
+    let candidates = images
+        .iter()
+        .map(|image| {
+            let names = names(image);
+            let in_use = names.iter().any(|n| used_now.contains(n.as_str()));
+            let used_at = names.iter().filter_map(|n| last_used.get(n)).max().copied();
+            let used_at = used_at.unwrap_or_else(|| {
+                last_used.insert(image.id.clone(), detected);
+                detected
+            });
+            Candidate {
+                id: image.id.clone(),
+                size: image.size,
+                unused_for: (!in_use).then(|| now.saturating_duration_since(used_at)),
+                pinned: image.pinned,
+            }
+        })
+        .collect();
+    // Forget what is gone.
+    let known: std::collections::HashSet<String> = images.iter().flat_map(names).collect();
+    last_used.retain(|k, _| known.contains(k));
+    candidates
+}
+
 /// Collects for ever (until `shutdown`). `root` lies on the images' filesystem (the node's
 /// state directory, where the runtime keeps them too).
 pub async fn run(
@@ -88,14 +141,14 @@ pub async fn run(
     node: String,
     shutdown: CancellationToken,
 ) {
-    let started = Instant::now();
     let mut last_used: HashMap<String, Instant> = HashMap::new();
+    let mut start = Some(Instant::now());
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(policy.period) => {}
         }
-        if let Err(e) = round(&cri, &root, &policy, &events, &node, started, &mut last_used).await {
+        if let Err(e) = round(&cri, &root, &policy, &events, &node, &mut last_used, &mut start).await {
             tracing::warn!(error = %e, "image garbage collection failed this round");
         }
     }
@@ -107,8 +160,8 @@ async fn round(
     policy: &Policy,
     events: &Events,
     node: &str,
-    started: Instant,
     last_used: &mut HashMap<String, Instant>,
+    start: &mut Option<Instant>,
 ) -> Result<(), String> {
     let images = cri
         .images
@@ -127,46 +180,9 @@ async fn round(
         .into_inner()
         .containers;
     let now = Instant::now();
-    for c in &containers {
-        for name in [c.image_ref.as_str(), c.image_id.as_str()]
-            .into_iter()
-            .chain(c.image.as_ref().map(|i| i.image.as_str()))
-        {
-            if !name.is_empty() {
-                last_used.insert(name.to_owned(), now);
-            }
-        }
-    }
-    let in_use = |image: &cri::Image| {
-        std::iter::once(&image.id)
-            .chain(&image.repo_tags)
-            .chain(&image.repo_digests)
-            .any(|n| last_used.get(n).is_some_and(|t| *t == now))
-    };
-    let candidates: Vec<Candidate> = images
-        .iter()
-        .map(|image| {
-            let used_at = std::iter::once(&image.id)
-                .chain(&image.repo_tags)
-                .chain(&image.repo_digests)
-                .filter_map(|n| last_used.get(n))
-                .max()
-                .copied()
-                .unwrap_or(started);
-            Candidate {
-                id: image.id.clone(),
-                size: image.size,
-                unused_for: (!in_use(image)).then(|| now.duration_since(used_at)),
-                pinned: image.pinned,
-            }
-        })
-        .collect();
-    // Forget what is gone.
-    let names: std::collections::HashSet<&String> = images
-        .iter()
-        .flat_map(|i| std::iter::once(&i.id).chain(&i.repo_tags).chain(&i.repo_digests))
-        .collect();
-    last_used.retain(|k, _| names.contains(k));
+    // Images there at the first round count as detected when this kubelet started.
+    let detected = start.take().unwrap_or(now);
+    let candidates = candidates(&images, &containers, last_used, now, detected);
 
     let fs = hpk_node_resources::filesystem(root).map_err(|e| e.to_string())?;
     let total = u64::try_from(fs.total).unwrap_or(0);
@@ -260,5 +276,46 @@ mod tests {
         let policy = Policy { max_age: Some(Duration::from_secs(3600)), ..policy() };
         let images = [image("old", 100, Some(3000)), image("stale", 100, Some(4000))];
         assert_eq!(choose(&images, &policy, 0).0, ["stale"]);
+    }
+
+    fn cri_image(id: &str, tag: &str) -> cri::Image {
+        cri::Image { id: id.into(), repo_tags: vec![tag.into()], size: 100, ..Default::default() }
+    }
+
+    #[test]
+    fn a_pull_counts_as_used_when_first_seen_and_an_image_in_use_is_never_a_candidate() {
+        let started = Instant::now();
+        let mut last_used = HashMap::new();
+        let old = cri_image("sha256:old", "reg/old:1");
+        // First round, an hour after start: the image there since start is an hour unused.
+        let t1 = started + Duration::from_secs(3600);
+        let c = candidates(std::slice::from_ref(&old), &[], &mut last_used, t1, started);
+        assert_eq!(c[0].unused_for, Some(Duration::from_secs(3600)));
+        // A later round: a fresh pull, its container not created yet, is 0 s unused, so the
+        // minimum age keeps it; the running container's image is in use.
+        let fresh = cri_image("sha256:fresh", "reg/fresh:1");
+        let running = cri::Container {
+            image_ref: "sha256:old".into(),
+            image: Some(cri::ImageSpec { image: "reg/old:1".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let t2 = t1 + Duration::from_secs(10);
+        let both = [old.clone(), fresh.clone()];
+        let c = candidates(&both, std::slice::from_ref(&running), &mut last_used, t2, t2);
+        assert_eq!(c[0].unused_for, None, "in use");
+        assert_eq!(c[1].unused_for, Some(Duration::ZERO), "first seen now");
+        assert!(choose(&c, &policy(), 10_000).0.is_empty(), "{c:?}");
+        // Three minutes on, both unused: the old one since its container went, the fresh one
+        // since it was first seen; both past the minimum age, the fresh one longer unused.
+        let t3 = t2 + Duration::from_secs(180);
+        let c = candidates(&both, &[], &mut last_used, t3, t3);
+        assert_eq!(c[0].unused_for, Some(Duration::from_secs(180)));
+        assert_eq!(c[1].unused_for, Some(Duration::from_secs(180)));
+        assert_eq!(choose(&c, &policy(), 10_000).0, ["sha256:fresh", "sha256:old"]);
+        // An image gone is forgotten: pulled again, it is new again.
+        let _ = candidates(std::slice::from_ref(&old), &[], &mut last_used, t3, t3);
+        let t4 = t3 + Duration::from_secs(1);
+        let c = candidates(&both, &[], &mut last_used, t4, t4);
+        assert_eq!(c[1].unused_for, Some(Duration::ZERO));
     }
 }
