@@ -16,9 +16,13 @@ impl Worker {
     pub(super) async fn stop_sandbox_of_completed_pod(&mut self) -> Result<(), StepError> {
         self.stop_probes();
         let mut result = Ok(());
+        let mut stopped = false;
         if let Some(sandbox) = self.state.sandbox.as_mut().filter(|s| s.ready) {
             match self.ctx.runtime.stop_pod_sandbox(&sandbox.id).await {
-                Ok(()) => sandbox.ready = false,
+                Ok(()) => {
+                    sandbox.ready = false;
+                    stopped = true;
+                }
                 Err(error) => {
                     result = Err(StepError::new(
                         Reason::SandboxNotRemoved,
@@ -27,6 +31,12 @@ impl Worker {
                     ));
                 }
             }
+        }
+        // A container that outlived its stop (a StopContainer that failed or timed out on a
+        // loaded machine) ended with the sandbox: read it back, so that the terminal phase is
+        // not reported beside a running container.
+        if stopped && self.state.containers.iter().any(|c| c.running()) {
+            self.refresh().await;
         }
         if self.state.admitted {
             lock(&self.ctx.admitted).release(&self.uid);
