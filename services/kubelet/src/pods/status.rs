@@ -117,6 +117,9 @@ fn container_status(c: &ContainerRecord) -> ContainerStatus {
         state: Some(state),
         last_state: Some(c.last.as_ref().map(exit_state).unwrap_or_default()),
         resources: c.resources.clone(),
+        // What was allocated to it: its requests at admission, a resize's since (upstream
+        // reports them so since in-place resize; the resize specs compare them with the spec).
+        allocated_resources: c.resources.as_ref().and_then(|r| r.requests.clone()),
         ..ContainerStatus::default()
     }
 }
@@ -335,6 +338,8 @@ mod tests {
         let shown =
             status.container_statuses.clone().expect("statuses")[0].resources.clone().expect("resources");
         assert_eq!(shown.requests.expect("requests")["cpu"].0, "100m");
+        let allocated = status.container_statuses.clone().expect("statuses")[0].allocated_resources.clone();
+        assert_eq!(allocated.expect("allocatedResources")["cpu"].0, "100m", "the requests given");
         // Given (or given up): the condition goes.
         let mut with_it = pod();
         with_it.status = Some(status);
