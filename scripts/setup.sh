@@ -10,8 +10,9 @@ setup_packages() {
   apt_install shellcheck openssl ca-certificates
   # Test hosts (ip netns, unshare --uts) and what runs on them.
   apt_install iproute2 util-linux
-  # The local OCI registry and the busybox the test images are built from.
-  apt_install docker-registry busybox-static
+  # The local OCI registry and the busybox the test images are built from; the conformance
+  # stand-in images' shell (integration/e2e/images.sh).
+  apt_install docker-registry busybox-static bash-static
   # The pod-runtime's engine; protoc for the k8s-cri crate's build script (CRI v1 types).
   apt_install crun protobuf-compiler
   # critest/run.sh pushes its stand-in images to the local registry with curl.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds stand-ins for the images the conformance specs of the e2e suite pull, without Docker,
 # and pushes them to a registry speaking plain HTTP; writes the KUBE_TEST_REPO_LIST file that
-# points the suite at it. Layers are deterministic tars of Debian's busybox-static, agnhost
-# built from the release's Go modules (build.sh) and imagetools (curl, nc, dig, getent, nnp).
+# points the suite at it. Layers are deterministic tars of Debian's busybox-static, bash-static,
+# agnhost built from the release's Go modules (build.sh) and imagetools (sh, curl, nc, dig,
+# getent, nnp).
 #
 #   images.sh REGISTRY(host:port) WORKDIR BINDIR PAUSE-OCI-LAYOUT REPO-LIST-OUT
 #
@@ -11,7 +12,7 @@
 #   agnhost:2.59, 2.55   Alpine + agnhost: Entrypoint /agnhost, Cmd pause, ports 80 8080 8081
 #                        9376 5000, /agnhost-2 link, /uploads, porter's localhost.crt/.key,
 #                        user 1000 (home owned 1000:1000) in group 50000
-#   busybox:1.37.0-1     Cmd sh
+#   busybox:1.37.0-1     Cmd sh (ash, or bash for odd variable names: see build_base)
 #   nginx:1.14-4, 1.15-4 Cmd nginx -g "daemon off;", port 80, /usr/share/nginx/html/index.html
 #   nonewprivs:1.3       Cmd nnp: a setuid-root program printing its effective UID
 #   nonroot:1.4          busybox with User 1234
@@ -28,6 +29,7 @@ BIN=${3:?$usage}
 PAUSE_LAYOUT=${4:?$usage}
 REPO_LIST=${5:?$usage}
 BUSYBOX=/bin/busybox
+BASH_STATIC=/bin/bash-static
 case $(uname -m) in
   x86_64) ARCH=amd64 ;;
   aarch64) ARCH=arm64 ;;
@@ -38,8 +40,8 @@ OCI_LAYER=application/vnd.oci.image.layer.v1.tar+gzip
 E2E=e2e-test-images
 K8S_MOD=$(cd "$(dirname "${BASH_SOURCE[0]}")" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
-for f in "$BUSYBOX" "$BIN/agnhost" "$BIN/imagetools" "$PAUSE_LAYOUT/index.json"; do
-  [ -e "$f" ] || { echo "images.sh: $f missing (apt busybox-static, integration/e2e/build.sh, make images)" >&2; exit 2; }
+for f in "$BUSYBOX" "$BASH_STATIC" "$BIN/agnhost" "$BIN/imagetools" "$PAUSE_LAYOUT/index.json"; do
+  [ -e "$f" ] || { echo "images.sh: $f missing (apt busybox-static bash-static, integration/e2e/build.sh, make images)" >&2; exit 2; }
 done
 [ "$(id -u)" -eq 0 ] || { echo "images.sh: needs root (files owned by the images' users)" >&2; exit 2; }
 mkdir -p "$WORK/blobs"
@@ -79,8 +81,8 @@ without_nc_applet() {
   if "$bb" --list | grep -qx nc; then echo "images.sh: $bb still has an nc applet" >&2; exit 2; fi
 }
 
-# base: busybox (without its nc applet) with every applet hard-linked in /bin, bash as ash, the
-# users and groups of the busybox image, and imagetools as curl, nc, dig, getent in /usr/bin.
+# base: busybox (without its nc applet) with every applet hard-linked in /bin, bash-static, the
+# users and groups of the busybox image, and imagetools as /bin/sh and curl, nc, dig, getent.
 build_base() {
   local root applet t
   root=$(fresh base)
@@ -93,9 +95,15 @@ build_base() {
     case $applet in busybox | */*) continue ;; esac
     ln "$root/bin/busybox" "$root/bin/$applet"
   done
-  printf '#!/bin/sh\nexec /bin/sh "$@"\n' >"$root/bin/bash"
-  chmod 0755 "$root/bin/bash"
+  # bash is bash-static; sh is imagetools' sh, which runs bash when the environment holds a
+  # name that is not a shell identifier and busybox ash otherwise (imagetools/sh.go): ash
+  # drops such variables (a ConfigMap key `data-1`) before it runs a command, in Debian's 1.35
+  # and 1.37 alike, and the ConfigMap and Secret env specs look for them in `sh -c env`;
+  # other specs expect ash's own error messages.
+  rm -f "$root/bin/sh" "$root/bin/bash"
+  install -m 0755 "$BASH_STATIC" "$root/bin/bash"
   install -m 0755 "$BIN/imagetools" "$root/usr/bin/imagetools"
+  ln "$root/usr/bin/imagetools" "$root/bin/sh"
   for t in curl nc dig getent; do ln "$root/usr/bin/imagetools" "$root/usr/bin/$t"; done
   cat >"$root/etc/passwd" <<'PASSWD'
 root:x:0:0:root:/root:/bin/sh

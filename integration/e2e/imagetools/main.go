@@ -1,7 +1,8 @@
 // Command imagetools stands in, inside the stand-in test images (../images.sh),
 // for the programs upstream's e2e images take from Alpine or Debian that
 // Debian's busybox-static lacks or builds without the flags the specs pass:
-// curl, nc (-v -t -u -z), dig and getent, and nonewprivs' nnp. It is a
+// curl, nc (-v -t -u -z), dig and getent, and nonewprivs' nnp; and sh, which
+// runs busybox ash or bash (sh.go). It is a
 // multi-call binary chosen by the name it runs as, and implements only the
 // subset of each tool's command line that the e2e suite of the pinned release
 // uses; anything else is a usage error (exit 2), so that a spec using more
@@ -25,6 +26,9 @@ var tools = map[string]func(args []string) int{
 
 func main() {
 	name := filepath.Base(os.Args[0])
+	if name == "sh" {
+		os.Exit(shell(os.Args))
+	}
 	args := os.Args[1:]
 	if _, ok := tools[name]; !ok && len(args) > 0 {
 		name, args = args[0], args[1:]
