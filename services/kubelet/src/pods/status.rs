@@ -254,6 +254,26 @@ pub fn compute(pod: &Pod, view: &View<'_>, now: Timestamp) -> PodStatus {
                     {
                         waiting.reason = Some("PodInitializing".into());
                     }
+                    // A terminal pod past its init containers has no container waiting or
+                    // running: one that never ran, or whose end was not seen, counts as failed,
+                    // as upstream's status manager words it (TerminatePod).
+                    if terminal
+                        && initialized
+                        && let Some(state) = status.state.as_mut()
+                        && state.terminated.is_none()
+                    {
+                        *state = ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: 137,
+                                reason: Some("ContainerStatusUnknown".into()),
+                                message: Some(
+                                    "The container could not be located when the pod was terminated".into(),
+                                ),
+                                ..ContainerStateTerminated::default()
+                            }),
+                            ..ContainerState::default()
+                        };
+                    }
                     status
                 })
                 .collect()
@@ -458,5 +478,29 @@ mod tests {
         let status = compute(&p, &view, Timestamp::now());
         assert!(status.init_container_statuses.as_ref().expect("init")[0].ready);
         assert_eq!(status.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn a_terminal_pod_shows_no_container_waiting_or_running() {
+        // The deadline passed before the container ran (a loaded machine), and one whose stop
+        // was not seen: both terminated, ContainerStatusUnknown, as upstream's TerminatePod.
+        let mut never = ContainerRecord::new("a", "i", false);
+        never.wait("ContainerCreating", "");
+        let ips = ["10.244.0.5".to_owned()];
+        for c in [never, running("a")] {
+            let reason = Some(("DeadlineExceeded".to_owned(), "past the deadline".to_owned()));
+            let view = View { phase: Phase::Failed, reason, ..running_view(&c, &ips, None) };
+            let status = compute(&pod(), &view, Timestamp::now());
+            let state = status.container_statuses.expect("statuses")[0].state.clone().expect("state");
+            let ended = state.terminated.expect("terminated");
+            assert_eq!((ended.exit_code, ended.reason.as_deref()), (137, Some("ContainerStatusUnknown")));
+            assert!(state.waiting.is_none() && state.running.is_none());
+        }
+        // Not terminal: as it is.
+        let c = running("a");
+        let status = compute(&pod(), &running_view(&c, &ips, None), Timestamp::now());
+        assert!(
+            status.container_statuses.expect("statuses")[0].state.clone().expect("state").running.is_some()
+        );
     }
 }
