@@ -99,7 +99,7 @@ fn slirp4netns_is_sandboxed(env: &Env) {
 }
 
 /// Issue 25: a NodePort Service, a LoadBalancer Service and a pod's hostPort answer on the
-/// cluster's host address from another machine of the network; the LoadBalancer shows that
+/// cluster's host address from another machine of the network, over TCP and over UDP; the LoadBalancer shows that
 /// address; a port below 1024 is refused with a Warning event; a deleted Service's port closes.
 fn published_ports_answer_from_outside(env: &Env, web_nodes: &std::collections::BTreeSet<&str>) {
     let address = env.host.ip.to_string();
@@ -138,6 +138,39 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
 {container}---
+# UDP: the cluster's DNS on a node port, and a DNS server of a pod's own on a host port.
+apiVersion: v1
+kind: Service
+metadata: {{name: dns-np, namespace: kube-system}}
+spec:
+  type: NodePort
+  selector: {{k8s-app: kube-dns}}
+  ports: [{{name: dns, port: 53, protocol: UDP}}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: udp-zone, namespace: edge}}
+data:
+  Corefile: |
+    .:1053 {{
+        hosts {{
+            192.0.2.53 udp.host.port
+        }}
+    }}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: udp-host-port, namespace: edge}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: dns
+    image: {coredns}
+    args: [-conf, /etc/coredns/Corefile]
+    ports: [{{containerPort: 1053, hostPort: 18053, protocol: UDP}}]
+    volumeMounts: [{{name: zone, mountPath: /etc/coredns}}]
+  volumes: [{{name: zone, configMap: {{name: udp-zone}}}}]
+---
 apiVersion: v1
 kind: Pod
 metadata: {{name: same-port-1, namespace: edge}}
@@ -155,6 +188,7 @@ spec:
   containers:
 {same}",
             same = httpd_who_answers_with_host_port(&env.httpd, 18082),
+            coredns = env.coredns,
         ),
     );
     let node_port =
@@ -197,6 +231,35 @@ spec:
     // hostPort: that pod, on its node's address.
     let pod = eventually("host-port answers on 18081", Duration::from_secs(90), || from_outside("18081"));
     assert!(pod.contains("pod=host-port "), "{pod}");
+    // UDP: a DNS query from outside to each, answered from the port it was sent to (busybox's
+    // nslookup takes only answers from the server it asked).
+    let lookup = |name: &str, port: &str| -> Option<String> {
+        let out = env
+            .attacker()
+            .command("timeout")
+            .args(["5", "busybox", "nslookup", name, &format!("{address}:{port}")])
+            .output()
+            .ok()?;
+        // An answer has the name; a timeout says "no servers could be reached".
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("Name:").then_some(text)
+    };
+    let dns_port = env.kubectl_ok(
+        "demo",
+        &["get", "service", "-n", "kube-system", "dns-np", "-o", "jsonpath={.spec.ports[0].nodePort}"],
+    );
+    let api_ip =
+        env.kubectl_ok("demo", &["get", "service", "kubernetes", "-o", "jsonpath={.spec.clusterIP}"]);
+    let answer = eventually(
+        &format!("the cluster DNS on {address}:{} (UDP NodePort)", dns_port.trim()),
+        Duration::from_secs(60),
+        || lookup("kubernetes.default.svc.cluster.local", dns_port.trim()),
+    );
+    assert!(answer.contains(api_ip.trim()), "{answer}");
+    let answer = eventually("the pod's DNS on 18053 (UDP hostPort)", Duration::from_secs(90), || {
+        lookup("udp.host.port", "18053")
+    });
+    assert!(answer.contains("192.0.2.53"), "{answer}");
     // Both nodes share this host: of two pods with the same hostPort on the two nodes, one
     // has the port, the other runs and says why it has not (a Warning event).
     let supervisors = || {

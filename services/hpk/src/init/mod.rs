@@ -16,6 +16,7 @@ mod relay;
 mod runtime;
 mod service_lb;
 mod supervisor;
+mod udp_relay;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

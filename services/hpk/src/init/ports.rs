@@ -7,9 +7,9 @@
 //! handed over) and relays every connection with the bubble's bounds
 //! ([`super::relay::Destination::App`]):
 //!
-//! - `hostPort` (TCP, `hostIP` unset or the node's address) → the pod's IP and `containerPort`
+//! - `hostPort` (`hostIP` unset or the node's address) → the pod's IP and `containerPort`
 //!   (a hostNetwork pod: the bubble's loopback);
-//! - `nodePort` of a NodePort or LoadBalancer Service (TCP) → its cluster IP and port, where
+//! - `nodePort` of a NodePort or LoadBalancer Service → its cluster IP and port, where
 //!   kube-proxy's rules take over;
 //! - a LoadBalancer Service without a `loadBalancerClass` also on its `port` (K3s's ServiceLB
 //!   does the same; the controller writes the node addresses into its status:
@@ -20,7 +20,9 @@
 //! the reason, once. Where several bubbles of the cluster share the host (`hpk up`), only one
 //! of them can hold a Service's port: the others retry quietly, and take over when it goes.
 //! A port no longer wanted is closed at once; a changed target applies to new connections.
-//! UDP ports are not published (the relay carries TCP): their owner gets a Warning event.
+//! TCP and UDP ports are published (TCP and UDP are separate ports: the same number may go
+//! to two owners), TCP connections through [`super::relay`], UDP datagrams through
+//! [`super::udp_relay`]; an SCTP port's owner gets a Warning event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -35,7 +37,8 @@ use kube::{Api, Resource};
 use tokio_util::sync::CancellationToken;
 
 use super::relay::{self, Destination, Limits};
-use crate::host_ports;
+use super::udp_relay::{self, UdpLimits};
+use crate::host_ports::{self, Protocol, Published};
 
 /// How often a port that could not be published is tried again.
 pub const RETRY: Duration = Duration::from_secs(10);
@@ -67,25 +70,33 @@ pub struct Want {
     pub owner: Owner,
 }
 
+/// A host port: its protocol and number.
+pub type HostPort = (Protocol, u16);
+
 /// What the Services and this node's Pods ask for.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Host port → where it goes.
-    pub ports: BTreeMap<u16, Want>,
-    /// What is asked for and not published, with why (UDP, a port another owner has).
+    pub ports: BTreeMap<HostPort, Want>,
+    /// What is asked for and not published, with why (SCTP, a port another owner has).
     pub refused: Vec<(Owner, u16, String)>,
 }
 
 impl Plan {
-    fn want(&mut self, port: u16, want: Want) {
+    fn want(&mut self, port: HostPort, want: Want) {
+        let (protocol, number) = port;
         match self.ports.get(&port) {
             Some(held) if held.owner != want.owner => {
-                let why = format!("host port {port} is already {}'s", held.owner);
-                self.refused.push((want.owner, port, why));
+                let why = format!("host port {number}/{protocol} is already {}'s", held.owner);
+                self.refused.push((want.owner, number, why));
             }
             Some(_) => {}
             None if self.ports.len() >= MAX_PORTS => {
-                self.refused.push((want.owner, port, format!("a node publishes at most {MAX_PORTS} ports")));
+                self.refused.push((
+                    want.owner,
+                    number,
+                    format!("a node publishes at most {MAX_PORTS} ports"),
+                ));
             }
             None => {
                 self.ports.insert(port, want);
@@ -144,17 +155,17 @@ fn pod_ports(pod: &Pod, address: Ipv4Addr, plan: &mut Plan) {
             if !for_us {
                 continue;
             }
-            if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+            let Some(protocol) = Protocol::from_kubernetes(port.protocol.as_deref()) else {
                 let why = format!(
-                    "{} host ports are not published (TCP only)",
+                    "{} host ports are not published (TCP and UDP only)",
                     port.protocol.as_deref().unwrap_or("")
                 );
                 plan.refused.push((owner.clone(), host_port, why));
                 continue;
-            }
+            };
             let Ok(container_port) = u16::try_from(port.container_port) else { continue };
             let target = SocketAddr::from((ip, container_port));
-            plan.want(host_port, Want { target, owner: owner.clone() });
+            plan.want((protocol, host_port), Want { target, owner: owner.clone() });
         }
     }
 }
@@ -176,22 +187,22 @@ fn service_ports(service: &Service, plan: &mut Plan) {
     for port in spec.ports.iter().flatten() {
         let Ok(service_port) = u16::try_from(port.port) else { continue };
         let node_port = port.node_port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0);
-        if port.protocol.as_deref().unwrap_or("TCP") != "TCP" {
+        let Some(protocol) = Protocol::from_kubernetes(port.protocol.as_deref()) else {
             for p in node_port.into_iter().chain(balanced.then_some(service_port)) {
                 let why = format!(
-                    "{} ports are not published on the host (TCP only)",
+                    "{} ports are not published on the host (TCP and UDP only)",
                     port.protocol.as_deref().unwrap_or("")
                 );
                 plan.refused.push((owner.clone(), p, why));
             }
             continue;
-        }
+        };
         let target = SocketAddr::from((cluster_ip, service_port));
         if let Some(node_port) = node_port {
-            plan.want(node_port, Want { target, owner: owner.clone() });
+            plan.want((protocol, node_port), Want { target, owner: owner.clone() });
         }
         if balanced {
-            plan.want(service_port, Want { target, owner: owner.clone() });
+            plan.want((protocol, service_port), Want { target, owner: owner.clone() });
         }
     }
 }
@@ -233,9 +244,11 @@ pub async fn run(client: kube::Client, node: String, address: Ipv4Addr, launcher
     let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(1024, |(soft, _)| soft);
     let limits = Limits::for_descriptors(nofile, 16);
-    let mut held: BTreeMap<u16, Held> = BTreeMap::new();
+    // A UDP flow holds one socket; a TCP connection two.
+    let udp_limits = UdpLimits::for_descriptors(limits.per_port * 2);
+    let mut held: BTreeMap<HostPort, Held> = BTreeMap::new();
     // A port that failed: when, and the reasons already told (owner, port).
-    let mut failed: HashMap<u16, Instant> = HashMap::new();
+    let mut failed: HashMap<HostPort, Instant> = HashMap::new();
     let mut told: BTreeSet<(Owner, u16, String)> = BTreeSet::new();
     loop {
         tokio::select! {
@@ -248,67 +261,90 @@ pub async fn run(client: kube::Client, node: String, address: Ipv4Addr, launcher
         }
         let plan = plan(&services.state(), &pods.state(), address);
         // Gone or moved to another owner: closed.
-        held.retain(|port, h| {
-            let keep = plan.ports.get(port).is_some_and(|w| w.owner == h.owner);
+        held.retain(|&(protocol, port), h| {
+            let keep = plan.ports.get(&(protocol, port)).is_some_and(|w| w.owner == h.owner);
             if !keep {
                 h.stop.cancel();
-                tracing::info!(port, owner = %h.owner, "host port closed");
+                tracing::info!(port, %protocol, owner = %h.owner, "host port closed");
             }
             keep
         });
         failed.retain(|port, _| plan.ports.contains_key(port));
-        for (port, want) in &plan.ports {
-            if let Some(h) = held.get(port) {
+        for (&(protocol, port), want) in &plan.ports {
+            let key = (protocol, port);
+            if let Some(h) = held.get(&key) {
                 h.target.send_if_modified(|t| std::mem::replace(t, want.target) != want.target);
                 continue;
             }
-            if failed.get(port).is_some_and(|at| at.elapsed() < RETRY) {
+            if failed.get(&key).is_some_and(|at| at.elapsed() < RETRY) {
                 continue;
             }
-            let asked = *port;
             let launcher = launcher.clone();
             let answer = tokio::task::spawn_blocking(move || {
-                launcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).listen(asked)
+                launcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).publish(protocol, port)
             })
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
-            match answer.and_then(|l| {
-                l.set_nonblocking(true).map_err(|e| e.to_string())?;
-                tokio::net::TcpListener::from_std(l).map_err(|e| e.to_string())
-            }) {
-                Ok(listener) => {
-                    failed.remove(port);
+            match answer.and_then(relayed) {
+                Ok(socket) => {
+                    failed.remove(&key);
                     let (tx, rx) = tokio::sync::watch::channel(want.target);
                     let stop = CancellationToken::new();
-                    let name = format!("host port {port}");
+                    let name = format!("host port {port}/{protocol}");
                     let stopped = stop.clone();
                     tokio::spawn(async move {
-                        tokio::select! {
-                            () = stopped.cancelled() => {}
-                            () = relay::run(listener, Destination::App(rx), name, limits) => {}
+                        match socket {
+                            Relayed::Tcp(listener) => tokio::select! {
+                                () = stopped.cancelled() => {}
+                                () = relay::run(listener, Destination::App(rx), name, limits) => {}
+                            },
+                            Relayed::Udp(socket) => tokio::select! {
+                                () = stopped.cancelled() => {}
+                                () = udp_relay::run(socket, rx, name, udp_limits) => {}
+                            },
                         }
                     });
-                    tracing::info!(port, owner = %want.owner, target = %want.target, "host port published");
-                    held.insert(*port, Held { owner: want.owner.clone(), target: tx, stop });
-                    told.retain(|(o, p, _)| !(o == &want.owner && p == port));
+                    tracing::info!(port, %protocol, owner = %want.owner, target = %want.target, "host port published");
+                    held.insert(key, Held { owner: want.owner.clone(), target: tx, stop });
+                    told.retain(|(o, p, _)| !(o == &want.owner && *p == port));
                 }
                 Err(why) => {
-                    failed.insert(*port, Instant::now());
+                    failed.insert(key, Instant::now());
                     // Bubbles sharing the host: one of them holds a Service's port.
                     let sibling = matches!(want.owner, Owner::Service { .. })
                         && why.contains("in use")
                         && shares_host(&node, address);
                     if sibling {
-                        tracing::debug!(port, owner = %want.owner, "host port held by another bubble of this host");
+                        tracing::debug!(port, %protocol, owner = %want.owner, "host port held by another bubble of this host");
                     } else {
-                        let why = format!("host port {port} on {address} could not be published: {why}");
-                        tell(&recorder, &mut told, &services, &pods, &want.owner, *port, why).await;
+                        let why =
+                            format!("host port {port}/{protocol} on {address} could not be published: {why}");
+                        tell(&recorder, &mut told, &services, &pods, &want.owner, port, why).await;
                     }
                 }
             }
         }
         for (owner, port, why) in &plan.refused {
             tell(&recorder, &mut told, &services, &pods, owner, *port, why.clone()).await;
+        }
+    }
+}
+
+/// A published socket, ready for the runtime.
+enum Relayed {
+    Tcp(tokio::net::TcpListener),
+    Udp(tokio::net::UdpSocket),
+}
+
+fn relayed(published: Published) -> std::result::Result<Relayed, String> {
+    match published {
+        Published::Tcp(l) => {
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            tokio::net::TcpListener::from_std(l).map(Relayed::Tcp).map_err(|e| e.to_string())
+        }
+        Published::Udp(s) => {
+            s.set_nonblocking(true).map_err(|e| e.to_string())?;
+            tokio::net::UdpSocket::from_std(s).map(Relayed::Udp).map_err(|e| e.to_string())
         }
     }
 }

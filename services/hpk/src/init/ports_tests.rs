@@ -4,6 +4,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, Service};
 
 use super::{Owner, Want, plan};
+use crate::host_ports::Protocol::{self, Tcp, Udp};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 
@@ -53,20 +54,32 @@ fn node_ports_and_load_balancer_ports_go_to_the_cluster_ip() {
         "internal",
         serde_json::json!({"spec": {"type": "ClusterIP", "clusterIP": "10.96.0.23", "ports": [{"port": 81}]}}),
     );
-    let plan = plan(&[np, lb, classed, internal], &[], NODE);
+    // DNS over both protocols: the same node port number twice, two host ports.
+    let dns = service(
+        "dns",
+        serde_json::json!({"spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "ports": [
+            {"name": "udp", "port": 53, "nodePort": 30053, "protocol": "UDP"},
+            {"name": "tcp", "port": 53, "nodePort": 30053, "protocol": "TCP"},
+            {"name": "sctp", "port": 5353, "nodePort": 30054, "protocol": "SCTP"}]}}),
+    );
+    let plan = plan(&[np, lb, classed, internal, dns], &[], NODE);
     let to = |ip: &str, port: u16| SocketAddr::new(ip.parse().expect("ip"), port);
-    let got: Vec<(u16, Want)> = plan.ports.into_iter().collect();
+    let got: Vec<((Protocol, u16), Want)> = plan.ports.into_iter().collect();
     assert_eq!(
         got,
         vec![
-            (8443, Want { target: to("10.96.0.21", 8443), owner: svc_owner("lb") }),
-            (30080, Want { target: to("10.96.0.20", 80), owner: svc_owner("web") }),
-            (30443, Want { target: to("10.96.0.21", 8443), owner: svc_owner("lb") }),
+            ((Tcp, 8443), Want { target: to("10.96.0.21", 8443), owner: svc_owner("lb") }),
+            ((Tcp, 30053), Want { target: to("10.96.0.10", 53), owner: svc_owner("dns") }),
+            ((Tcp, 30080), Want { target: to("10.96.0.20", 80), owner: svc_owner("web") }),
+            ((Tcp, 30443), Want { target: to("10.96.0.21", 8443), owner: svc_owner("lb") }),
             // Another controller's LoadBalancer: its nodePort only.
-            (30900, Want { target: to("10.96.0.22", 9000), owner: svc_owner("other-lb") }),
+            ((Tcp, 30900), Want { target: to("10.96.0.22", 9000), owner: svc_owner("other-lb") }),
+            ((Udp, 30053), Want { target: to("10.96.0.10", 53), owner: svc_owner("dns") }),
         ]
     );
-    assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+    let refused: Vec<(Owner, u16)> = plan.refused.iter().map(|(o, p, _)| (o.clone(), *p)).collect();
+    assert_eq!(refused, vec![(svc_owner("dns"), 30054)]);
+    assert!(plan.refused[0].2.contains("SCTP"), "{}", plan.refused[0].2);
 }
 
 #[test]
@@ -77,7 +90,8 @@ fn host_ports_go_to_the_pod_and_are_the_pods_first() {
             {"containerPort": 8080, "hostPort": 30080},
             {"containerPort": 9090},
             {"containerPort": 9091, "hostPort": 9091, "hostIP": "198.51.100.1"},
-            {"containerPort": 53, "hostPort": 5353, "protocol": "UDP"}]}]}),
+            {"containerPort": 53, "hostPort": 5353, "protocol": "UDP"},
+            {"containerPort": 54, "hostPort": 5354, "protocol": "SCTP"}]}]}),
         serde_json::json!({"phase": "Running", "podIP": "10.244.1.5"}),
     );
     let host_net = pod(
@@ -103,18 +117,19 @@ fn host_ports_go_to_the_pod_and_are_the_pods_first() {
             "ports": [{"port": 80, "nodePort": 30080}]}}),
     );
     let plan = plan(&[clash], &[running, host_net, done, no_ip], NODE);
-    let got: Vec<(u16, SocketAddr, Owner)> =
+    let got: Vec<((Protocol, u16), SocketAddr, Owner)> =
         plan.ports.into_iter().map(|(p, w)| (p, w.target, w.owner)).collect();
     assert_eq!(
         got,
         vec![
-            (7000, SocketAddr::from((Ipv4Addr::LOCALHOST, 7000)), pod_owner("hn")),
-            (30080, SocketAddr::from(([10, 244, 1, 5], 8080)), pod_owner("hp")),
+            ((Tcp, 7000), SocketAddr::from((Ipv4Addr::LOCALHOST, 7000)), pod_owner("hn")),
+            ((Tcp, 30080), SocketAddr::from(([10, 244, 1, 5], 8080)), pod_owner("hp")),
+            ((Udp, 5353), SocketAddr::from(([10, 244, 1, 5], 53)), pod_owner("hp")),
         ]
     );
     let refused: Vec<(Owner, u16)> = plan.refused.iter().map(|(o, p, _)| (o.clone(), *p)).collect();
-    assert_eq!(refused, vec![(pod_owner("hp"), 5353), (svc_owner("clash"), 30080)]);
-    assert!(plan.refused[0].2.contains("UDP"), "{}", plan.refused[0].2);
+    assert_eq!(refused, vec![(pod_owner("hp"), 5354), (svc_owner("clash"), 30080)]);
+    assert!(plan.refused[0].2.contains("SCTP"), "{}", plan.refused[0].2);
     assert!(plan.refused[1].2.contains("pod default/hp"), "{}", plan.refused[1].2);
 }
 
