@@ -38,6 +38,24 @@ pub fn coredns_binary() -> Result<PathBuf> {
     setup_tool("coredns")
 }
 
+/// Upstream's `agnhost` test binary of the pinned release (static), which `scripts/setup.sh`
+/// builds with the e2e suite into `$HPK_CACHE_DIR/e2e/bin` (default `~/.cache/hpk`).
+pub fn agnhost_binary() -> Result<PathBuf> {
+    let cache = std::env::var_os("HPK_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/hpk")))
+        .unwrap_or_default();
+    let path = cache.join("e2e/bin/agnhost");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::Missing {
+            what: format!("agnhost at {}", path.display()),
+            hint: "scripts/setup.sh builds it with the e2e suite (integration/e2e/build.sh)".into(),
+        })
+    }
+}
+
 /// Program `name` on PATH, or [`Error::Missing`] saying that `scripts/setup.sh` builds it.
 fn setup_tool(name: &str) -> Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();

@@ -49,7 +49,11 @@ pub(crate) async fn probe(
             return Err(match status.code() {
                 tonic::Code::Unimplemented => ProbeFailure::GrpcUnimplemented(status.message().to_owned()),
                 tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => rpc_timeout(),
-                _ => ProbeFailure::GrpcFailed(status.to_string()),
+                // In grpc-go's words, as upstream's event says it.
+                code => ProbeFailure::GrpcFailed(format!(
+                    "rpc error: code = {code:?} desc = {}",
+                    status.message()
+                )),
             });
         }
         Ok(Ok(response)) => response.into_inner(),

@@ -442,6 +442,33 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     elsewhere["spec"]["containers"][0]["readinessProbe"] =
         json!({"httpGet": {"host": gateway, "path": "/", "port": 8080}, "periodSeconds": 2});
     c.apply(&elsewhere.to_string());
+    // gRPC probes, which the remote runtime runs too: upstream's agnhost health server, SERVING
+    // for the service "" it registers, NotFound for any other.
+    let grpc_probes =
+        match hpk_integration::skip_unless_available(hpk_integration::clusterdns::agnhost_binary()) {
+            Some(agnhost) => {
+                let image =
+                    hpk_integration::image::static_binary_image_from(&agnhost).expect("agnhost image");
+                let client =
+                    hpk_integration::registry::Client::new(&c.registry.url()).expect("registry client");
+                client.push("hpk/agnhost", "v1", &image).await.expect("push agnhost");
+                let reference = format!("{}/hpk/agnhost:v1", c.registry.host_port());
+                for (name, service) in [("grpc-ready", ""), ("grpc-unknown", "absent")] {
+                    let mut pod = example_pod(&c, "nginx-pod-toleration.yaml");
+                    pod["metadata"]["name"] = json!(name);
+                    let container = &mut pod["spec"]["containers"][0];
+                    container["image"] = json!(reference);
+                    container.as_object_mut().expect("container").remove("command");
+                    container["args"] = json!(["grpc-health-checking", "--port=5000", "--http-port=8080"]);
+                    container["readinessProbe"] =
+                        json!({"grpc": {"port": 5000, "service": service}, "periodSeconds": 2});
+                    container.as_object_mut().expect("container").remove("livenessProbe");
+                    c.apply(&pod.to_string());
+                }
+                true
+            }
+            None => false,
+        };
 
     let pods = c.pods("default");
     let remote_net: ipnet_check::Net = POD_CIDR.parse().expect("cidr");
@@ -481,6 +508,36 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         "{refused_elsewhere}"
     );
     assert_eq!(unready.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some(CONNECTOR));
+    if grpc_probes {
+        let ready = eventually(&c, "grpc-ready Ready on the connector", Duration::from_secs(90), || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get_opt("grpc-ready").await.ok()??;
+                (pod_ready(&pod) == Some("True")).then_some(pod)
+            }
+        })
+        .await;
+        let ip = ready.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default();
+        assert!(remote_net.contains(&ip), "grpc-ready's IP {ip} is not the remote side's ({POD_CIDR})");
+        // Refused until agnhost listens, then the server's NotFound: an event of its own, not
+        // a repeat of the first.
+        let selector = "--field-selector=involvedObject.name=grpc-unknown,reason=Unhealthy";
+        let not_found =
+            eventually(&c, "grpc-unknown's probe answered NotFound", Duration::from_secs(60), || async {
+                let events = c.kubectl(&["get", "events", selector, "-o", "jsonpath={.items[*].message}"]);
+                {
+                    eprintln!("EVENTS: {events}");
+                    events.contains("unknown service").then_some(events)
+                }
+            })
+            .await;
+        assert!(
+            not_found.contains("Readiness probe failed: error: health rpc probe failed: rpc error: code = NotFound desc = unknown service"),
+            "{not_found}"
+        );
+        let unknown = pods.get("grpc-unknown").await.expect("grpc-unknown");
+        assert_eq!(pod_ready(&unknown), Some("False"));
+    }
 
     let plain = eventually(&c, "plain Running on node1", Duration::from_secs(90), || {
         let pods = pods.clone();
@@ -572,7 +629,16 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
     let out = c.kubectl(&["exec", "nginx-toleration", "--", "cat", "/config/greeting"]);
     assert_eq!(out, "hello over the link");
 
-    for name in ["nginx-toleration", "nginx", "plain", "untolerated", "unready", "elsewhere"] {
+    for name in [
+        "nginx-toleration",
+        "nginx",
+        "plain",
+        "untolerated",
+        "unready",
+        "elsewhere",
+        "grpc-ready",
+        "grpc-unknown",
+    ] {
         c.kubectl(&["delete", "pod", name, "--wait=false"]);
     }
     kubelet.stop();

@@ -325,7 +325,12 @@ mod tests {
             r#"Liveness probe failed: service unhealthy (responded with "NOT_SERVING")"#
         );
         let message = failure(check(ProbeKind::Liveness, &grpc("unknown"), &t).await);
-        assert!(message.starts_with("Liveness probe failed: error: health rpc probe failed"), "{message}");
+        assert!(
+            message.starts_with(
+                "Liveness probe failed: error: health rpc probe failed: rpc error: code = NotFound desc = "
+            ),
+            "{message}"
+        );
         let closed = closed_port().await;
         let message =
             failure(check(ProbeKind::Liveness, &probe(json!({"grpc": {"port": closed}})), &t).await);
