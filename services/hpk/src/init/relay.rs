@@ -135,7 +135,7 @@ pub enum Destination {
 pub async fn run(listener: TcpListener, destination: Destination, name: String, limits: Limits) {
     let gate = Arc::new(Gate::new(limits));
     let squatted = Arc::new(hpk_rpc::log_limit::LogLimit::default());
-    let mut refusals = RefusalLog::default();
+    let mut refusals = RefusalLog::new("connections closed on arrival: over the port's or the source's cap");
     loop {
         match listener.accept().await {
             Ok((client, peer)) => match gate.admit(peer.ip()) {
@@ -257,16 +257,21 @@ impl Drop for Ticket {
     }
 }
 
-/// Counts refusals and logs them at most once per [`REFUSAL_LOG_EVERY`].
-#[derive(Default)]
-struct RefusalLog {
+/// Counts refusals and logs them, saying `what` was refused, at most once per
+/// [`REFUSAL_LOG_EVERY`] (TCP connections here, UDP flows in `udp_relay`).
+pub(super) struct RefusalLog {
+    what: &'static str,
     last: Option<Instant>,
     port: u64,
     source: u64,
 }
 
 impl RefusalLog {
-    fn note(&mut self, name: &str, peer: SocketAddr, refusal: Refusal) {
+    pub(super) fn new(what: &'static str) -> Self {
+        Self { what, last: None, port: 0, source: 0 }
+    }
+
+    pub(super) fn note(&mut self, name: &str, peer: SocketAddr, refusal: Refusal) {
         match refusal {
             Refusal::Port => self.port += 1,
             Refusal::Source => self.source += 1,
@@ -277,7 +282,8 @@ impl RefusalLog {
                 last_peer = %peer,
                 port_full = self.port,
                 source_full = self.source,
-                "connections closed on arrival: over the port's or the source's cap"
+                "{}",
+                self.what
             );
             self.last = Some(Instant::now());
             (self.port, self.source) = (0, 0);

@@ -8,7 +8,7 @@
 //!
 //! - at most [`UdpLimits::flows`] flows at once on the port and [`UdpLimits::per_source`]
 //!   from one address; a datagram that would open one more is dropped (logged at most every
-//!   [`super::relay::REFUSAL_LOG_EVERY`], with a count);
+//!   [`super::relay::REFUSAL_LOG_EVERY`], with a count, as the TCP relay logs refusals);
 //! - a flow that carries nothing either way for [`UdpLimits::idle`] ends and frees its socket
 //!   (conntrack keeps an answered UDP flow 120 s);
 //! - a datagram is at most 64 KiB, one buffer per flow.
@@ -26,7 +26,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::relay::REFUSAL_LOG_EVERY;
+use super::relay::{Refusal, RefusalLog};
 
 /// The largest datagram (UDP's own bound).
 const MAX_DATAGRAM: usize = 65_536;
@@ -66,7 +66,7 @@ pub async fn run(socket: UdpSocket, target: watch::Receiver<SocketAddr>, name: S
     // Each flow's task returns its client when it ends; dropping the set ends them all.
     let mut tasks: JoinSet<SocketAddr> = JoinSet::new();
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut dropped = Dropped::default();
+    let mut dropped = RefusalLog::new("datagrams dropped: over the port's or the source's cap on flows");
     loop {
         tokio::select! {
             received = socket.recv_from(&mut buf) => {
@@ -80,11 +80,11 @@ pub async fn run(socket: UdpSocket, target: watch::Receiver<SocketAddr>, name: S
                 };
                 if !flows.contains_key(&client) {
                     if flows.len() >= limits.flows {
-                        dropped.note(&name, client, true);
+                        dropped.note(&name, client, Refusal::Port);
                         continue;
                     }
                     if flows.keys().filter(|c| c.ip() == client.ip()).count() >= limits.per_source {
-                        dropped.note(&name, client, false);
+                        dropped.note(&name, client, Refusal::Source);
                         continue;
                     }
                     let to = *target.borrow();
@@ -148,35 +148,6 @@ async fn answers(
             }
             // ECONNREFUSED: nothing listens at the target (yet); the client may try again.
             Ok(Err(_)) => {}
-        }
-    }
-}
-
-/// Datagrams dropped for want of a flow, logged at most every [`REFUSAL_LOG_EVERY`].
-#[derive(Default)]
-struct Dropped {
-    last: Option<Instant>,
-    port_full: u64,
-    source_full: u64,
-}
-
-impl Dropped {
-    fn note(&mut self, name: &str, client: SocketAddr, port_full: bool) {
-        if port_full {
-            self.port_full += 1;
-        } else {
-            self.source_full += 1;
-        }
-        if self.last.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
-            tracing::warn!(
-                port = %name,
-                last_peer = %client,
-                port_full = self.port_full,
-                source_full = self.source_full,
-                "datagrams dropped: over the port's or the source's cap on flows"
-            );
-            self.last = Some(Instant::now());
-            (self.port_full, self.source_full) = (0, 0);
         }
     }
 }
