@@ -11,6 +11,10 @@
 #   processes, so nothing else may run beside it;
 # - hpk-kubelet::api: it measures what load on the machine changes (a pod burning one core
 #   must show about one core in the stats; a followed log line must arrive within 2 s).
+# A binary still running after BOUND seconds (30 minutes, about twice the longest's time) is
+# ended (SIGTERM, SIGKILL 30 s later) and counts as failed: a test that hangs fails the lane with
+# its output, instead of holding CI until its own limit. (Each test's kubectl calls have their own
+# bound, so a hang there fails just that test, with what it printed.)
 # Closes with one line like test_lane's: passed, failed, skipped (ignored plus skipped at run
 # time for a missing prerequisite, each listed with its reason), and exits non-zero if any
 # binary failed.
@@ -20,6 +24,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$HPK_ROOT"
 
 jobs=3
+BOUND=${HPK_TEST_BINARY_BOUND:-1800}
 while [ $# -gt 0 ]; do
   case $1 in
     --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
@@ -76,7 +81,8 @@ run_one() {
   dir=$(awk -F'\t' -v n="$name" '$1 == n { print $3 }' "$work/named.tsv")
   started[$name]=$(date +%s)
   echo "---- start $name ($(date -u +%H:%M:%S))"
-  (cd "$dir" && HPK_SKIP_LOG="$work/$name.skips" CARGO_MANIFEST_DIR="$dir" exec "$exe") \
+  (cd "$dir" && HPK_SKIP_LOG="$work/$name.skips" CARGO_MANIFEST_DIR="$dir" \
+     exec timeout --kill-after=30 "$BOUND" "$exe") \
     >"$work/$name.log" 2>&1 &
   pid_of[$!]=$name
 }
@@ -88,6 +94,9 @@ reap() {
   name=${pid_of[$pid]}
   unset "pid_of[$pid]"
   echo "==== $name: exit $rc after $(($(date +%s) - ${started[$name]}))s"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    echo "==== $name did not finish within ${BOUND}s and was ended; what it printed:"
+  fi
   sed 's/^/    /' "$work/$name.log"
   printf '%s\t%s\n' "$name" "$(($(date +%s) - ${started[$name]}))" >>"$work/times.tsv"
   [ "$rc" -eq 0 ] || failed+=("$name")

@@ -116,7 +116,7 @@ impl Cluster {
     }
 
     fn kubectl(&self, args: &[&str]) -> std::process::Output {
-        self.cp.kubectl().args(args).output().expect("kubectl")
+        hpk_test_support::output_within(self.cp.kubectl().args(args), std::time::Duration::from_secs(180))
     }
 
     /// `sh -c script` in pod `pod`: (success, stdout + stderr).

@@ -218,8 +218,9 @@ fn walk_names(dir: &std::path::Path) -> Vec<String> {
 
 const STORAGE: &str = "storage";
 
-/// `(pod, node)` of each pod of `selector`, once `count` are Ready.
-fn ready_pods(env: &Env, selector: &str, count: usize) -> Vec<(String, String)> {
+/// `(pod, node, uid)` of each pod of `selector`, once `count` are Ready and none is one of
+/// `gone` (the UIDs of pods deleted before).
+fn ready_pods(env: &Env, selector: &str, count: usize, gone: &[String]) -> Vec<(String, String, String)> {
     eventually(&format!("{count} Ready pods of {selector}"), Duration::from_secs(180), || {
         let out = env.kubectl_ok(
             STORAGE,
@@ -229,15 +230,16 @@ fn ready_pods(env: &Env, selector: &str, count: usize) -> Vec<(String, String)> 
                 "-l",
                 selector,
                 "-o",
-                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} \
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.uid} \
                  {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
             ],
         );
-        let pods: Vec<(String, String)> = out
+        let pods: Vec<(String, String, String)> = out
             .lines()
             .filter_map(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();
-                (w.len() == 3 && w[2] == "True").then(|| (w[0].to_owned(), w[1].to_owned()))
+                (w.len() == 4 && w[3] == "True" && !gone.iter().any(|uid| uid == w[2]))
+                    .then(|| (w[0].to_owned(), w[1].to_owned(), w[2].to_owned()))
             })
             .collect();
         (pods.len() == count).then_some(pods)
@@ -293,7 +295,7 @@ async fn statefulsets_get_node_local_volumes_and_pods_share_rwx_ones() {
             shell = env.shell
         ),
     );
-    let mut first = ready_pods(&env, "app=db", 2);
+    let mut first = ready_pods(&env, "app=db", 2, &[]);
     eprintln!(
         "StatefulSet of 2 with volumes: Ready {:.1} s after kubectl apply",
         started.elapsed().as_secs_f64()
@@ -301,8 +303,8 @@ async fn statefulsets_get_node_local_volumes_and_pods_share_rwx_ones() {
     first.sort();
     // Each pod's name and a token of its first start.
     let read = |pod: &str| env.kubectl_ok(STORAGE, &["exec", pod, "--", "cat", "/data/first"]);
-    let written: Vec<String> = first.iter().map(|(pod, _)| read(pod)).collect();
-    for ((pod, _), text) in first.iter().zip(&written) {
+    let written: Vec<String> = first.iter().map(|(pod, _, _)| read(pod)).collect();
+    for ((pod, _, _), text) in first.iter().zip(&written) {
         assert!(
             text.starts_with(&format!("{pod} ")) && text.trim().len() > pod.len() + 30,
             "{pod}'s volume: {text}"
@@ -325,11 +327,19 @@ async fn statefulsets_get_node_local_volumes_and_pods_share_rwx_ones() {
         .collect();
     assert_eq!(on_host.len(), 2, "the volumes on the host: {on_host:?}");
 
-    env.kubectl_ok(STORAGE, &["delete", "pod", "db-0", "db-1", "--wait=true"]);
-    let mut again = ready_pods(&env, "app=db", 2);
+    // Not `kubectl delete --wait`: it can miss the deletion and wait a week. It reads the pod,
+    // then lists and watches from there; when the StatefulSet has made the new pod of the same
+    // name in between, the list has it and the watch never sees a deletion. The new pods are
+    // the Ready ones with other UIDs.
+    let gone: Vec<String> = first.iter().map(|(_, _, uid)| uid.clone()).collect();
+    env.kubectl_ok(STORAGE, &["delete", "pod", "db-0", "db-1", "--wait=false"]);
+    let mut again = ready_pods(&env, "app=db", 2, &gone);
     again.sort();
-    assert_eq!(again, first, "each pod is back on its volume's node");
-    for ((pod, _), text) in again.iter().zip(&written) {
+    let placed = |pods: &[(String, String, String)]| -> Vec<(String, String)> {
+        pods.iter().map(|(pod, node, _)| (pod.clone(), node.clone())).collect()
+    };
+    assert_eq!(placed(&again), placed(&first), "each pod is back on its volume's node");
+    for ((pod, _, _), text) in again.iter().zip(&written) {
         assert_eq!(&read(pod), text, "{pod}'s data survived its deletion");
     }
 

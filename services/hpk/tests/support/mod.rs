@@ -163,12 +163,14 @@ impl Env {
         self.home.path().join(name).join("kubeconfig")
     }
 
+    /// kubectl's output; a call still running after [`KUBECTL_BOUND`] fails the test.
     pub fn kubectl(&self, name: &str, args: &[&str]) -> Output {
-        Command::new(&self.kubectl)
-            .arg(format!("--kubeconfig={}", self.kubeconfig(name).display()))
-            .args(args)
-            .output()
-            .expect("run kubectl")
+        hpk_test_support::output_within(
+            Command::new(&self.kubectl)
+                .arg(format!("--kubeconfig={}", self.kubeconfig(name).display()))
+                .args(args),
+            KUBECTL_BOUND,
+        )
     }
 
     /// kubectl's stdout; panics with stderr on failure.
@@ -433,6 +435,10 @@ pub fn apply(mut kubectl: Command, manifest: &str) {
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success(), "apply: {}", text(&out));
 }
+
+/// The longest a test's kubectl call may take (a `delete --wait` of a pod with its grace period
+/// included): one that hangs fails its test with what it printed, never holds the lane.
+pub const KUBECTL_BOUND: std::time::Duration = std::time::Duration::from_secs(180);
 
 pub fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))

@@ -184,7 +184,7 @@ impl SlurmEnv {
     }
 
     pub fn kubectl(&self, id: u32, args: &[&str]) -> Output {
-        self.kubectl_cmd(id).args(args).output().expect("run kubectl")
+        hpk_test_support::output_within(self.kubectl_cmd(id).args(args), super::KUBECTL_BOUND)
     }
 
     pub fn kubectl_cmd(&self, id: u32) -> Command {

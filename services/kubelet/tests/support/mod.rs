@@ -133,9 +133,9 @@ impl Cluster {
         )
     }
 
-    /// `kubectl` as cluster admin.
+    /// `kubectl` as cluster admin; a call still running after 3 minutes fails the test.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = self.cp.kubectl().args(args).output().expect("kubectl");
+        let out = hpk_test_support::output_within(self.cp.kubectl().args(args), Duration::from_secs(180));
         assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
