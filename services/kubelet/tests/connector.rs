@@ -606,10 +606,17 @@ async fn connector_node_runs_opted_in_pods_on_a_remote_runtime() {
         nft(&cut_with(verdict));
         let cut = wait_ready(&c, "False", Duration::from_secs(40), || logs(&remote, &kubelet)).await;
         println!("NotReady {:.1} s after the link was cut (connections {what})", cut.as_secs_f64());
-        eventually(&c, "nginx-toleration reports NotReady", Duration::from_secs(30), || {
-            let pods = pods.clone();
-            async move { (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(()) }
-        })
+        hpk_integration::eventually(
+            "nginx-toleration reports NotReady",
+            Duration::from_secs(30),
+            || {
+                let pods = pods.clone();
+                async move {
+                    (pod_ready(&pods.get("nginx-toleration").await.ok()?) == Some("False")).then_some(())
+                }
+            },
+            || format!("{}\n{}", c.dump(), logs(&remote, &kubelet)),
+        )
         .await;
         nft("delete table inet hpk_cut");
         let restored = wait_ready(&c, "True", Duration::from_secs(60), || logs(&remote, &kubelet)).await;

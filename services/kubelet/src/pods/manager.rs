@@ -226,7 +226,7 @@ async fn forward_node_readiness(
         if now != ready {
             ready = now;
             for tx in workers.lock().await.values() {
-                let _ = tx.send(Msg::Runtime);
+                let _ = tx.send(Msg::Node(now));
             }
         }
     }

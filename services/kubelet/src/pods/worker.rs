@@ -41,6 +41,8 @@ pub enum Msg {
     /// The runtime reported a change to one of the pod's containers (or its event stream was
     /// re-established): read the containers' states again.
     Runtime,
+    /// The node turned Ready (`true`) or NotReady: the pod's Ready condition follows it.
+    Node(bool),
     /// The eviction manager chose the pod; the message says why.
     Evict(String),
 }
@@ -59,6 +61,9 @@ pub struct Worker {
     pub(super) wake: Option<Instant>,
     pub(super) reported: Option<serde_json::Value>,
     pub(super) last_conditions: Vec<k8s_openapi::api::core::v1::PodCondition>,
+    /// The containers' states are to be read from the runtime again (once, however many
+    /// `Msg::Runtime` came).
+    stale: bool,
 }
 
 /// What an executed action lets the worker do next in this wake-up.
@@ -112,6 +117,9 @@ pub async fn run(
         while let Ok(msg) = rx.try_recv() {
             worker.on_message(msg).await;
         }
+        if std::mem::take(&mut worker.stale) {
+            worker.refresh().await;
+        }
     }
     worker.stop_probes();
 }
@@ -130,6 +138,7 @@ impl Worker {
             wake: None,
             reported: None,
             last_conditions: Vec::new(),
+            stale: false,
         }
     }
 
@@ -182,7 +191,13 @@ impl Worker {
                 self.pod = pod;
             }
             Msg::Deleted => self.state.deleted = true,
-            Msg::Runtime => self.refresh().await,
+            Msg::Runtime => self.stale = true,
+            // Said at once, before any runtime call: a runtime that stopped answering (the
+            // link to a remote one is cut) makes the node NotReady, and calls to it wait for
+            // their connection attempts, queued behind every other caller's.
+            Msg::Node(false) => self.report().await,
+            // Whatever happened while the runtime could not be asked.
+            Msg::Node(true) => self.stale = true,
             Msg::Evict(message) => {
                 if !self.state.phase.terminal() {
                     self.state.evicted.get_or_insert(message);

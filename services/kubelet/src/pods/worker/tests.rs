@@ -20,19 +20,24 @@ use crate::pods::record::State;
 struct Harness {
     fake: Arc<FakeCri>,
     worker: Worker,
+    node: watch::Sender<NodeState>,
     _dir: tempfile::TempDir,
 }
 
 fn harness(spec: serde_json::Value) -> Harness {
-    let dir = tempfile::tempdir().expect("tmp");
-    let fake = Arc::new(FakeCri::default());
     // Nothing listens there: the API calls (events) fail quietly.
     let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().expect("uri")))
         .expect("client");
+    harness_with_api(spec, client)
+}
+
+fn harness_with_api(spec: serde_json::Value, client: kube::Client) -> Harness {
+    let dir = tempfile::tempdir().expect("tmp");
+    let fake = Arc::new(FakeCri::default());
     let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
     let allocatable =
         Resources { millicpu: 4000, memory: 8 << 30, ephemeral_storage: 1 << 30, gpus: 0, pods: 10 };
-    let (_, node) = watch::channel(NodeState { allocatable, ready: true, message: String::new() });
+    let (node_tx, node) = watch::channel(NodeState { allocatable, ready: true, message: String::new() });
     let ctx = Arc::new(Context {
         client: client.clone(),
         cri: Cri {
@@ -63,7 +68,83 @@ fn harness(spec: serde_json::Value) -> Harness {
     }))
     .expect("pod");
     let (probe_tx, _) = mpsc::channel(8);
-    Harness { fake, worker: Worker::new(ctx, Arc::new(pod), probe_tx), _dir: dir }
+    Harness { fake, worker: Worker::new(ctx, Arc::new(pod), probe_tx), node: node_tx, _dir: dir }
+}
+
+/// An API server double that answers each pod status patch with the pod as patched and keeps
+/// the patches' bodies; anything else (events) gets a 404.
+fn status_api() -> (kube::Client, Arc<Mutex<Vec<serde_json::Value>>>) {
+    use http_body_util::BodyExt as _;
+    let patches = Arc::new(Mutex::new(Vec::new()));
+    let seen = patches.clone();
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let seen = seen.clone();
+        async move {
+            let is_status =
+                request.method() == http::Method::PATCH && request.uri().path().ends_with("/status");
+            let body = request.into_body().collect().await?.to_bytes();
+            if !is_status {
+                let mut answer =
+                    http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")));
+                *answer.status_mut() = http::StatusCode::NOT_FOUND;
+                return Ok::<_, kube::Error>(answer);
+            }
+            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            seen.lock().expect("lock").push(patch.clone());
+            let pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "2"},
+                "status": patch["status"],
+            });
+            Ok(http::Response::new(http_body_util::Full::new(bytes::Bytes::from(pod.to_string()))))
+        }
+    });
+    (kube::Client::new(service, "default"), patches)
+}
+
+/// The Ready condition of a status patch: (status, reason).
+fn ready_of(patch: &serde_json::Value) -> (String, String) {
+    let conditions = patch["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let ready = conditions.iter().find(|c| c["type"] == "Ready").cloned().unwrap_or_default();
+    (ready["status"].as_str().unwrap_or_default().into(), ready["reason"].as_str().unwrap_or_default().into())
+}
+
+/// A node that turns NotReady because its runtime stopped answering (a remote runtime's link
+/// cut): the pod says so at once, without first asking the runtime, whose calls would wait
+/// behind connection attempts; back Ready, the containers are read again before it says Ready.
+#[tokio::test]
+async fn a_node_turning_not_ready_is_reported_before_any_runtime_call() {
+    let (client, patches) = status_api();
+    let mut h = harness_with_api(app(), client);
+    h.worker.sync().await;
+    h.worker.report().await;
+    assert_eq!(patches.lock().expect("lock").last().map(ready_of), Some(("True".into(), String::new())));
+
+    h.node.send_modify(|n| {
+        n.ready = false;
+        n.message = "container runtime hpk-pod-runtime is not ready: Status did not answer within 3 s".into();
+    });
+    let before = h.fake.calls().len();
+    h.worker.on_message(Msg::Node(false)).await;
+    assert_eq!(h.fake.calls().len(), before, "the runtime was asked: {:?}", &h.fake.calls()[before..]);
+    let patch = patches.lock().expect("lock").last().cloned().expect("a patch");
+    assert_eq!(ready_of(&patch), ("False".into(), "NodeNotReady".into()), "{patch}");
+
+    // Back: nothing is said until the containers were read again.
+    h.node.send_modify(|n| {
+        n.ready = true;
+        n.message.clear();
+    });
+    let reported = patches.lock().expect("lock").len();
+    h.worker.on_message(Msg::Node(true)).await;
+    h.worker.on_message(Msg::Runtime).await;
+    assert_eq!(patches.lock().expect("lock").len(), reported);
+    assert!(std::mem::take(&mut h.worker.stale), "a refresh is due");
+    h.worker.refresh().await;
+    assert!(h.fake.calls()[before..].contains(&CriCall::ContainerStatus), "{:?}", h.fake.calls());
+    h.worker.report().await;
+    let patch = patches.lock().expect("lock").last().cloned().expect("a patch");
+    assert_eq!(ready_of(&patch).0, "True", "{patch}");
 }
 
 fn app() -> serde_json::Value {
