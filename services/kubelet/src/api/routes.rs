@@ -394,12 +394,32 @@ impl KubeletApi {
             _ => ApiError::internal(format!("reading the log of container \"{container}\": {e}")),
         })?;
         let body = stream.map(|chunk| chunk.map(Frame::data));
-        let mut response = Response::new(BodyExt::boxed_unsync(http_body_util::StreamBody::new(body)));
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
-        Ok(response)
+        Ok(log_response(BodyExt::boxed_unsync(http_body_util::StreamBody::new(body))))
     }
+}
+
+/// A container log's response: its body ends when the connection closes (HTTP/1.0 framing),
+/// neither chunked nor of a stated length.
+///
+/// The API server reads a log it sends over a websocket (`kubectl logs` through a websocket
+/// client, the conformance suite's "retrieving logs … over websockets") with a loop that stops
+/// at the first read that returns `io.EOF` and drops the bytes that read returned with it
+/// (apimachinery's `wsstream.messageCopy`). Go's HTTP client returns the last bytes of a body
+/// together with `io.EOF` whenever it can: at the end of a stated length always, and for a
+/// chunked body whenever the final empty chunk is already buffered behind the last data, as it
+/// is when the whole answer arrived before the API server began reading it (after its
+/// websocket handshake). Measured on the Slurm lab: 15 to 35 % of such reads came back empty.
+/// A body delimited by the connection's end never comes with `io.EOF` in the same read: the
+/// bytes first, the end on the next read. The costs: one connection per log request, and a
+/// file that fails to read midway ends the body as its end would (a chunked body could say it
+/// was cut); upstream's kubelet flushes line by line instead, which only makes the loss rare.
+fn log_response(body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.version_mut() = hyper::Version::HTTP_10;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
 }
 
 /// A container's log read by the remote runtime (connector mode): it renders the records as
@@ -432,11 +452,7 @@ async fn remote_logs(
         Ok(chunk) => Ok(Frame::data(Bytes::from(chunk.data))),
         Err(status) => Err(std::io::Error::other(format!("the remote runtime: {}", status.message()))),
     });
-    let mut response = Response::new(BodyExt::boxed_unsync(http_body_util::StreamBody::new(body)));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
-    Ok(response)
+    Ok(log_response(BodyExt::boxed_unsync(http_body_util::StreamBody::new(body))))
 }
 
 fn status_error(status: tonic::Status) -> ApiError {
