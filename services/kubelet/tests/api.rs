@@ -284,9 +284,40 @@ async fn kubectl_exec_cp_attach_and_port_forward() {
         stdin.write_all(b"ping\n").expect("write to attach");
         seen = rx.recv_timeout(Duration::from_millis(500)).is_ok_and(|(_, l)| l.contains("got:ping"));
     }
-    drop(stdin);
-    kill(&mut attach);
     assert!(seen, "kubectl attach -i: the container did not get stdin");
+    // The end of kubectl's input detaches it, as with containerd: the container's stdin is not
+    // once-only (stdinOnce unset), so kubectl returns and the container reads on.
+    drop(stdin);
+    let detached = (0..100).find_map(|_| {
+        let exited = attach.try_wait().expect("kubectl attach").map(|status| status.success());
+        if exited.is_none() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        exited
+    });
+    kill(&mut attach);
+    assert_eq!(detached, Some(true), "kubectl attach -i did not return within 10 s of its input's end");
+    let (code, out, err) = exec(&c, &["talker", "-c", "echo", "--", "sh", "-c", "kill -0 1 && echo alive"]);
+    assert_eq!((code, out.trim()), (0, "alive"), "the container after the detach: {err}");
+    let mut again =
+        c.cp.kubectl()
+            .args(["attach", "-i", "talker", "-c", "echo"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl attach -i");
+    let rx = lines_of(&mut again);
+    let mut stdin = again.stdin.take().expect("stdin");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = false;
+    while !seen && Instant::now() < deadline {
+        stdin.write_all(b"again\n").expect("write to attach");
+        seen = rx.recv_timeout(Duration::from_millis(500)).is_ok_and(|(_, l)| l.contains("got:again"));
+    }
+    drop(stdin);
+    kill(&mut again);
+    assert!(seen, "the container's stdin was closed by the first attach's end");
 
     // port-forward: 10 at once, each fetching the pod's page.
     let mut forwards: Vec<(Child, u16)> = (0..10).map(|_| port_forward(&c, "web", 8080)).collect();

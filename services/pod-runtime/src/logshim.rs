@@ -410,6 +410,7 @@ impl Shim {
             }
         }
         let mut frames = Vec::new();
+        let mut detach = false;
         loop {
             match frame::decode(&mut self.clients[i].inbound, MAX_BUFFER) {
                 Ok(Some(f)) => frames.push(f),
@@ -434,6 +435,12 @@ impl Shim {
                     self.stdin_closing = true;
                     self.write_stdin();
                 }
+                // The end of a client's input where the container's stdin stays open (not
+                // `stdinOnce`, or a terminal): the client is done and detached, as containerd
+                // and Docker do. Its session ends, so `kubectl attach -i` (or `run -i
+                // --leave-stdin-open`) returns once its input has ended, and the container goes
+                // on with its stdin open. What the client sent is still written.
+                frame::STDIN_EOF if self.stdin_target().is_some() => detach = true,
                 frame::RESIZE if payload.len() == 4 => {
                     if let Some(terminal) = &self.terminal {
                         let size = rustix::termios::Winsize {
@@ -448,7 +455,7 @@ impl Shim {
                 _ => {}
             }
         }
-        true
+        !detach
     }
 
     /// Writes pending stdin without blocking; closes the stdin FIFO when asked to and done.
