@@ -193,7 +193,8 @@ start_registry() {
   # shellcheck disable=SC1091
   source "$TMP/env"
   NETNS=${HPK_DEMO_NETNS:-}
-  integration/e2e/images.sh "$HPK_DEMO_REGISTRY" "$TMP/images" "$E2E_BIN" target/images/hpk-pause "$TMP/repo-list.yaml"
+  integration/e2e/images.sh "$HPK_DEMO_REGISTRY" "$TMP/images" "$E2E_BIN" target/images/hpk-pause \
+    "$TMP/repo-list.yaml" "$HPK_CACHE_DIR/controlplane/bin/etcd"
 }
 
 up() {

@@ -7,13 +7,15 @@
 #   agnhost   the binary of the suite's all-purpose test image, for the
 #             stand-in images (images.sh)
 #   imagetools  curl, nc, dig, getent and nnp for those images (imagetools/)
+#   sample-apiserver  the release's k8s.io/sample-apiserver, for the Aggregator
+#             spec's stand-in image
 #
 # Usage: integration/e2e/build.sh [OUTDIR]   (default: ~/.cache/hpk/e2e/bin)
 #
 # The build is cached like integration/controlplane/build.sh: a stamp records
 # the Go toolchain, GOOS/GOARCH and the sha256 of every input (go.mod, go.sum,
 # e2e_test.go, imagetools/*.go, this script). When the stamp matches and the binaries exist,
-# nothing is rebuilt. All three are static (CGO_ENABLED=0).
+# nothing is rebuilt. All are static (CGO_ENABLED=0).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,7 +24,7 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 cd "$here"
 
-bins=(e2e.test ginkgo agnhost imagetools)
+bins=(e2e.test ginkgo agnhost imagetools sample-apiserver)
 stamp="$out/e2e.stamp"
 
 # Everything that decides what the binaries contain.
@@ -70,6 +72,8 @@ go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$out/ginkgo" github.com/
 go build -trimpath -buildvcs=false -ldflags "-s -w -X main.Version=$agnhost_version" \
 	-o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost
 go build -trimpath -buildvcs=false -ldflags "-s -w" -o "$out/imagetools" ./imagetools
+# The version flags too: it reports the release as its own (upstream's image is built with them).
+go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out/sample-apiserver" k8s.io/sample-apiserver
 elapsed=$((SECONDS - start))
 printf '%s\n' "$want_stamp" >"$stamp"
 echo "build.sh: built ${bins[*]} ($(du -ch "${bins[@]/#/$out/}" | tail -1 | cut -f1)) in $((elapsed / 60))m$((elapsed % 60))s"

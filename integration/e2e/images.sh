@@ -5,7 +5,10 @@
 # agnhost built from the release's Go modules (build.sh) and imagetools (sh, curl, nc, dig,
 # getent, nnp).
 #
-#   images.sh REGISTRY(host:port) WORKDIR BINDIR PAUSE-OCI-LAYOUT REPO-LIST-OUT
+#   images.sh REGISTRY(host:port) WORKDIR BINDIR PAUSE-OCI-LAYOUT REPO-LIST-OUT ETCD
+#
+# ETCD: an etcd binary, or one that runs etcd when called by that name (the control plane's
+# hpk-controlplane).
 #
 # Images (v1.35.4 tags; registry.k8s.io/e2e-test-images/… unless noted), what upstream's are
 # and what the stand-in keeps of them (see docs/conformance.md):
@@ -19,15 +22,19 @@
 #   jessie-dnsutils:1.7  Debian with dig: busybox + imagetools here
 #   kitten:1.7, nautilus:1.7   agnhost with Cmd test-webserver and upstream's picture, data.json
 #   registry.k8s.io/pause:3.10.1   hpk-pause (Entrypoint /usr/local/bin/hpk-pause)
-# Not built (their specs fail on the pull): sample-apiserver, etcd.
+#   sample-apiserver:1.29.2   Entrypoint /sample-apiserver: the release's k8s.io/sample-apiserver
+#                        (build.sh), on the busybox base
+#   registry.k8s.io/etcd:3.6.6-0   /usr/local/bin/etcd: ETCD (the control plane's etcd, 3.6.5),
+#                        on the busybox base
 set -euo pipefail
 
-usage="usage: images.sh REGISTRY WORKDIR BINDIR PAUSE-OCI-LAYOUT REPO-LIST-OUT"
+usage="usage: images.sh REGISTRY WORKDIR BINDIR PAUSE-OCI-LAYOUT REPO-LIST-OUT ETCD"
 REGISTRY=${1:?$usage}
 WORK=${2:?$usage}
 BIN=${3:?$usage}
 PAUSE_LAYOUT=${4:?$usage}
 REPO_LIST=${5:?$usage}
+ETCD=${6:?$usage}
 BUSYBOX=/bin/busybox
 BASH_STATIC=/bin/bash-static
 case $(uname -m) in
@@ -40,7 +47,8 @@ OCI_LAYER=application/vnd.oci.image.layer.v1.tar+gzip
 E2E=e2e-test-images
 K8S_MOD=$(cd "$(dirname "${BASH_SOURCE[0]}")" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 
-for f in "$BUSYBOX" "$BASH_STATIC" "$BIN/agnhost" "$BIN/imagetools" "$PAUSE_LAYOUT/index.json"; do
+for f in "$BUSYBOX" "$BASH_STATIC" "$BIN/agnhost" "$BIN/imagetools" "$BIN/sample-apiserver" \
+  "$PAUSE_LAYOUT/index.json" "$ETCD"; do
   [ -e "$f" ] || { echo "images.sh: $f missing (apt busybox-static bash-static, integration/e2e/build.sh, make images)" >&2; exit 2; }
 done
 [ "$(id -u)" -eq 0 ] || { echo "images.sh: needs root (files owned by the images' users)" >&2; exit 2; }
@@ -193,6 +201,15 @@ build_nnp() {
   NNP_LAYER=$(layer nnp)
 }
 
+# one_binary NAME SOURCE PATH: a layer of SOURCE alone, at PATH in the image.
+one_binary() {
+  local root
+  root=$(fresh "$1")
+  mkdir -p "$root/$(dirname "$3")"
+  install -m 0755 "$2" "$root/$3"
+  layer "$1"
+}
+
 # push_blob REPO FILE DIGEST: uploads FILE unless the repository has DIGEST.
 push_blob() {
   local repo=$1 file=$2 digest=$3 location
@@ -271,6 +288,12 @@ for web in kitten nautilus; do
     "$BASE_LAYER" "$AGNHOST_LAYER" "$(build_web $web)"
 done
 push_layout "$PAUSE_LAYOUT" pause 3.10.1
+# The Aggregator spec's deployment: the sample API server (its secure port, 443, is its default)
+# beside etcd, which the spec starts as /usr/local/bin/etcd.
+image "$E2E/sample-apiserver" 1.29.2 '{"Entrypoint":["/sample-apiserver"]}' \
+  "$BASE_LAYER" "$(one_binary sample-apiserver "$BIN/sample-apiserver" sample-apiserver)"
+image etcd 3.6.6-0 '{"Cmd":["/usr/local/bin/etcd"]}' \
+  "$BASE_LAYER" "$(one_binary etcd "$(readlink -f "$ETCD")" usr/local/bin/etcd)"
 
 # The registry keys of test/utils/image/manifest.go. Those left out keep upstream's value:
 # invalidRegistry must stay unreachable, privateRegistry needs credentials we cannot have.
