@@ -49,6 +49,30 @@ fn exec(c: &Cluster, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `kubectl attach -i` to talker's `echo` container, writing `word` until it answers
+/// `got:WORD` (20 s at most): the running kubectl, its stdin still open, and whether it answered.
+fn attach_echo(c: &Cluster, word: &str) -> (Child, std::process::ChildStdin, bool) {
+    let mut attach =
+        c.cp.kubectl()
+            .args(["attach", "-i", "talker", "-c", "echo"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl attach -i");
+    let rx = lines_of(&mut attach);
+    let mut stdin = attach.stdin.take().expect("stdin");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = false;
+    while !seen && Instant::now() < deadline {
+        stdin.write_all(format!("{word}\n").as_bytes()).expect("write to attach");
+        seen = rx
+            .recv_timeout(Duration::from_millis(500))
+            .is_ok_and(|(_, l)| l.contains(&format!("got:{word}")));
+    }
+    (attach, stdin, seen)
+}
+
 /// Makes container `a` of talker print `text` (through its /tmp/say loop).
 fn say(c: &Cluster, text: &str) {
     let script = format!("echo {text} > /tmp/s.tmp && mv /tmp/s.tmp /tmp/say");
@@ -268,22 +292,7 @@ async fn kubectl_exec_cp_attach_and_port_forward() {
     }
     kill(&mut attach);
     assert!(seen, "kubectl attach showed no output of the container");
-    let mut attach =
-        c.cp.kubectl()
-            .args(["attach", "-i", "talker", "-c", "echo"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kubectl attach -i");
-    let rx = lines_of(&mut attach);
-    let mut stdin = attach.stdin.take().expect("stdin");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut seen = false;
-    while !seen && Instant::now() < deadline {
-        stdin.write_all(b"ping\n").expect("write to attach");
-        seen = rx.recv_timeout(Duration::from_millis(500)).is_ok_and(|(_, l)| l.contains("got:ping"));
-    }
+    let (mut attach, stdin, seen) = attach_echo(&c, "ping");
     assert!(seen, "kubectl attach -i: the container did not get stdin");
     // The end of kubectl's input detaches it, as with containerd: the container's stdin is not
     // once-only (stdinOnce unset), so kubectl returns and the container reads on.
@@ -299,22 +308,7 @@ async fn kubectl_exec_cp_attach_and_port_forward() {
     assert_eq!(detached, Some(true), "kubectl attach -i did not return within 10 s of its input's end");
     let (code, out, err) = exec(&c, &["talker", "-c", "echo", "--", "sh", "-c", "kill -0 1 && echo alive"]);
     assert_eq!((code, out.trim()), (0, "alive"), "the container after the detach: {err}");
-    let mut again =
-        c.cp.kubectl()
-            .args(["attach", "-i", "talker", "-c", "echo"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kubectl attach -i");
-    let rx = lines_of(&mut again);
-    let mut stdin = again.stdin.take().expect("stdin");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut seen = false;
-    while !seen && Instant::now() < deadline {
-        stdin.write_all(b"again\n").expect("write to attach");
-        seen = rx.recv_timeout(Duration::from_millis(500)).is_ok_and(|(_, l)| l.contains("got:again"));
-    }
+    let (mut again, stdin, seen) = attach_echo(&c, "again");
     drop(stdin);
     kill(&mut again);
     assert!(seen, "the container's stdin was closed by the first attach's end");
