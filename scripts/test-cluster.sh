@@ -37,7 +37,7 @@ done
 # Longest first, from the lane's measured times (docs/benchmarks.md), so that the long ones
 # do not start last; binaries not listed follow in cargo's order.
 ORDER=(
-  hpk::slurm hpk::attacks hpk::local hpk::data hpk::faults hpk-kubelet::restart
+  hpk::slurm hpk::attacks hpk::local hpk::data hpk::faults hpk::scale hpk-kubelet::restart
   hpk-kubelet::connector hpk::gpus hpk-pod-runtime::sub_path hpk-kubelet::pods hpk-kubelet::node
   hpk-net-forwarder::attach
 )

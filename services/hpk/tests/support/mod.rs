@@ -543,3 +543,165 @@ spec:
     );
     kubectl(&["delete", "hpa,deployment", "load"]);
 }
+
+/// What every pod of a one-per-node Deployment reached: for each client pod's node, the node
+/// whose pod answered each other pod's IP (`None` where the request failed), and the node
+/// that answered the Service (by its DNS name, through kube-proxy and CoreDNS).
+pub struct Reachability {
+    /// The nodes, in the order of the rows and columns.
+    pub nodes: Vec<String>,
+    /// `cells[i][j]`: the node that answered node i's request to node j's pod.
+    pub cells: Vec<Vec<Option<String>>>,
+    /// `service[i]`: the node that answered node i's request to the Service.
+    pub service: Vec<Option<String>>,
+    /// What each client pod's `kubectl exec` printed, for failure messages.
+    pub outputs: Vec<String>,
+}
+
+impl Reachability {
+    /// Requests that failed or reached the wrong pod, as "FROM → TO" lines.
+    pub fn failures(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, row) in self.cells.iter().enumerate() {
+            for (j, cell) in row.iter().enumerate() {
+                if cell.as_deref() != Some(self.nodes[j].as_str()) {
+                    out.push(format!("{} → pod on {}: {cell:?}", self.nodes[i], self.nodes[j]));
+                }
+            }
+            if self.service[i].is_none() {
+                out.push(format!("{} → Service: no answer", self.nodes[i]));
+            }
+            if out.last().is_some_and(|l| l.starts_with(&self.nodes[i])) {
+                out.push(format!("{} printed: {}", self.nodes[i], self.outputs[i].trim()));
+            }
+        }
+        out
+    }
+
+    /// The matrix as a Markdown table (✓ for the right pod, ✗ otherwise).
+    pub fn table(&self) -> String {
+        let mut out = String::from("| from \\ to |");
+        for node in &self.nodes {
+            out.push_str(&format!(" {} |", node.rsplit('-').next().unwrap_or(node)));
+        }
+        out.push_str(" Service |\n|---|");
+        out.push_str(&"---|".repeat(self.nodes.len() + 1));
+        out.push('\n');
+        for (i, row) in self.cells.iter().enumerate() {
+            out.push_str(&format!("| {} |", self.nodes[i]));
+            for (j, cell) in row.iter().enumerate() {
+                out.push_str(if cell.as_deref() == Some(self.nodes[j].as_str()) {
+                    " ✓ |"
+                } else {
+                    " ✗ |"
+                });
+            }
+            out.push_str(if self.service[i].is_some() { " ✓ |\n" } else { " ✗ |\n" });
+        }
+        out
+    }
+}
+
+/// Deploys `who`, one busybox httpd per node of cluster `cluster` (`nodes` of them) that
+/// answers with its node's name, and a Service in front; once all are Ready, each pod fetches
+/// every pod's page by IP (node → node through the tunnel, and to itself) and the Service's
+/// by name. Each pod's requests run in one `kubectl exec`, the pods' in parallel.
+pub fn reachability_matrix(env: &Env, cluster: &str, nodes: usize) -> Reachability {
+    use hpk_test_support::manifest::{httpd_who_answers, service, spread_deployment};
+    let deployment =
+        spread_deployment("who", nodes as u32, "DoNotSchedule", Some(1), &httpd_who_answers(&env.httpd));
+    env.apply(cluster, &format!("{deployment}---\n{}", service("who", "who", 8080)));
+    let mut pods = eventually_or(
+        &format!("{nodes} Ready pods of `who`, one per node"),
+        Duration::from_secs(300),
+        || {
+            let out = env.kubectl_ok(cluster, &[
+                "get", "pods", "-l", "app=who", "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ]);
+            let pods: Vec<(String, String, String)> = out
+                .lines()
+                .filter_map(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    (w.len() == 4 && w[3] == "True")
+                        .then(|| (w[0].to_owned(), w[1].to_owned(), w[2].to_owned()))
+                })
+                .collect();
+            (pods.len() == nodes).then_some(pods)
+        },
+        || env.diagnose(cluster),
+    );
+    pods.sort_by_key(|p| node_order(&p.1));
+    let ips: Vec<&str> = pods.iter().map(|p| p.2.as_str()).collect();
+    // One line per target: "IP pod=… node=…" or "IP FAIL"; then "service pod=… node=…". HTTP
+    // by busybox nc, and the Service's name by busybox nslookup (the static busybox's wget
+    // crashes in the C library's resolver).
+    let get = |host: &str| format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {host} | tail -n 1");
+    let script = format!(
+        "for ip in {}; do r=$({}) && [ -n \"$r\" ] && echo \"$ip $r\" || echo \"$ip FAIL\"; done; \
+         svc=$(nslookup who.default.svc.cluster.local | awk '/^Address/ {{a=$NF}} END {{print a}}'); \
+         r=$({}) && [ -n \"$r\" ] && echo \"service $r\" || echo \"service FAIL $svc\"",
+        ips.join(" "),
+        get("$ip 8080"),
+        get("$svc 80"),
+    );
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|(pod, _, _)| {
+                let script = &script;
+                s.spawn(move || text(&env.kubectl(cluster, &["exec", pod, "--", "sh", "-c", script])))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("exec thread")).collect()
+    });
+    let node_of = |line: &str| line.split("node=").nth(1).map(|n| n.trim().to_owned());
+    let cells = answers
+        .iter()
+        .map(|out| {
+            ips.iter()
+                .map(|ip| out.lines().find(|l| l.starts_with(&format!("{ip} "))).and_then(node_of))
+                .collect()
+        })
+        .collect();
+    let service =
+        answers.iter().map(|out| out.lines().find(|l| l.starts_with("service ")).and_then(node_of)).collect();
+    Reachability { nodes: pods.iter().map(|p| p.1.clone()).collect(), cells, service, outputs: answers }
+}
+
+/// Sorts `NAME-2` before `NAME-10`.
+fn node_order(node: &str) -> (usize, String) {
+    let (prefix, n) = node.rsplit_once('-').unwrap_or((node, ""));
+    (n.parse().unwrap_or(usize::MAX), prefix.to_owned())
+}
+
+/// Resident, proportional, private and anonymous memory in KiB of a process, from
+/// `smaps_rollup`. Anonymous memory is what the process cannot give back under pressure; the
+/// rest of its resident memory is its files' pages (program text, shared between the bubbles
+/// of one machine that run the same image).
+pub fn memory_kib(pid: u32) -> Option<[u64; 4]> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| -> u64 {
+        rollup
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    Some([
+        field("Rss:"),
+        field("Pss:"),
+        field("Private_Clean:") + field("Private_Dirty:"),
+        field("Anonymous:"),
+    ])
+}
+
+/// `MemAvailable` of the machine, in KiB.
+pub fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
