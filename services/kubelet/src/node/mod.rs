@@ -262,7 +262,7 @@ impl Loop {
         self.publish(&checks[0]);
         let info = info::read(self.runtime_version.as_deref());
         let pushed = match self.current().await {
-            Some(current) if status::due(self.last.as_ref(), &checks, &info, Instant::now()) => {
+            Some(current) if status::due(self.last.as_ref(), &checks, &info, &current, Instant::now()) => {
                 self.push(&current, checks, info).await
             }
             Some(_) => true,

@@ -17,8 +17,11 @@ use super::NodeConfig;
 use super::conditions::Check;
 use super::resources::{GPU_RESOURCE, Resources, ToQuantities};
 
-/// Pushed at least this often even when nothing changed.
-pub const REFRESH: Duration = Duration::from_secs(60);
+/// Pushed at least this often even when nothing changed: five minutes, as upstream's kubelet
+/// (`nodeStatusReportFrequency`); the Lease says the node is alive in between. Every push
+/// reaches every watcher of all Nodes, each node's net-forwarder among them, so a cluster of N
+/// nodes makes N²/REFRESH watch events a second (docs/scale.md).
+pub const REFRESH: Duration = Duration::from_secs(300);
 
 /// What the last successful push said, to tell whether the next one is due.
 #[derive(Clone, Debug)]
@@ -31,12 +34,35 @@ pub struct Pushed {
     pub at: Instant,
 }
 
-/// A push is due when nothing was pushed yet, anything changed, or [`REFRESH`] has passed.
-pub fn due(last: Option<&Pushed>, checks: &[Check], info: &NodeSystemInfo, now: Instant) -> bool {
+/// A push is due when nothing was pushed yet, anything changed, [`REFRESH`] has passed, or
+/// the Node as the API has it (`current`) does not show a condition as this kubelet last
+/// pushed it: the node lifecycle controller sets them to Unknown when the Lease lapses, and a
+/// kubelet back from a stall must not leave its node NotReady until the next refresh.
+pub fn due(
+    last: Option<&Pushed>,
+    checks: &[Check],
+    info: &NodeSystemInfo,
+    current: &Node,
+    now: Instant,
+) -> bool {
     match last {
         None => true,
-        Some(p) => p.checks != checks || p.info != *info || now.duration_since(p.at) >= REFRESH,
+        Some(p) => {
+            p.checks != checks
+                || p.info != *info
+                || now.duration_since(p.at) >= REFRESH
+                || !shows(current, checks)
+        }
     }
+}
+
+/// Whether `node`'s status carries each check's condition with its status.
+fn shows(node: &Node, checks: &[Check]) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    checks.iter().all(|check| {
+        let status = if check.status { "True" } else { "False" };
+        conditions.iter().any(|c| c.type_ == check.kind && c.status == status)
+    })
 }
 
 /// What the status is made of, besides the checks.
@@ -173,16 +199,40 @@ mod tests {
         assert_eq!(ready["lastHeartbeatTime"], serde_json::to_value(time(100)).unwrap());
     }
 
+    /// The Node as the API has it after pushing `checks` at `at`.
+    fn pushed_node(checks: &[Check], at: i64) -> Node {
+        let conditions = checks.iter().map(|c| c.to_condition(None, &time(at))).collect();
+        Node {
+            status: Some(NodeStatus { conditions: Some(conditions), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn a_push_is_due_on_change_or_after_a_minute() {
+    fn a_push_is_due_on_change_after_five_minutes_or_when_the_api_shows_otherwise() {
         let info = NodeSystemInfo::default();
         let start = Instant::now();
-        assert!(due(None, &checks(true), &info, start));
+        let shown = pushed_node(&checks(true), 0);
+        assert!(due(None, &checks(true), &info, &Node::default(), start));
         let last = Pushed { checks: checks(true), info: info.clone(), at: start };
-        assert!(!due(Some(&last), &checks(true), &info, start + Duration::from_secs(10)));
-        assert!(due(Some(&last), &checks(false), &info, start + Duration::from_secs(10)));
+        let later = start + Duration::from_secs(10);
+        assert!(!due(Some(&last), &checks(true), &info, &shown, later));
+        assert!(!due(Some(&last), &checks(true), &info, &shown, start + Duration::from_secs(299)));
+        assert!(due(Some(&last), &checks(false), &info, &shown, later));
         let other = NodeSystemInfo { container_runtime_version: "x".into(), ..info.clone() };
-        assert!(due(Some(&last), &checks(true), &other, start + Duration::from_secs(10)));
-        assert!(due(Some(&last), &checks(true), &info, start + REFRESH));
+        assert!(due(Some(&last), &checks(true), &other, &shown, later));
+        assert!(due(Some(&last), &checks(true), &info, &shown, start + REFRESH));
+        assert_eq!(REFRESH, Duration::from_secs(300), "upstream's nodeStatusReportFrequency");
+
+        // The lifecycle controller's Unknown (the Lease lapsed while the kubelet stalled).
+        let mut unknown = shown.clone();
+        for c in unknown.status.as_mut().unwrap().conditions.as_mut().unwrap() {
+            c.status = "Unknown".into();
+        }
+        assert!(due(Some(&last), &checks(true), &info, &unknown, later));
+        // A condition removed by someone else.
+        let mut missing = shown.clone();
+        missing.status.as_mut().unwrap().conditions.as_mut().unwrap().pop();
+        assert!(due(Some(&last), &checks(true), &info, &missing, later));
     }
 }
