@@ -10,8 +10,11 @@ use crate::error::{Error, Result};
 
 /// The Service CIDR; its first address is the `kubernetes` Service.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The pod CIDR node podCIDRs are cut from (/24 each).
-pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The pod CIDR node podCIDRs are cut from ([`NODE_CIDR_MASK`] each): 10.244.0.0-10.247.255.255,
+/// room for 1,024 nodes of up to 254 pods (a /16 stopped at 256 nodes: docs/scale.md).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/14";
+/// The prefix length of each node's podCIDR (the controller-manager's `--node-cidr-mask-size`).
+pub const NODE_CIDR_MASK: u8 = 24;
 /// The `kubernetes` Service's address.
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 /// The cluster DNS Service's address (the kubelets' `--cluster-dns`).
@@ -250,6 +253,25 @@ mod tests {
         let relative = LocalPath { shared_dir: Some("scratch"), ..options };
         let err = local_path_manifest(&relative).expect_err("relative").to_string();
         assert!(err.contains("absolute path"), "{err}");
+    }
+
+    /// (first, last) address of a CIDR, host bits checked zero.
+    fn range(cidr: &str) -> (u32, u32, u8) {
+        let (network, prefix) = cidr.split_once('/').expect("a CIDR");
+        let network = u32::from(network.parse::<Ipv4Addr>().expect("an address"));
+        let prefix: u8 = prefix.parse().expect("a prefix");
+        assert_eq!(network & (u32::MAX >> prefix), 0, "{cidr}: host bits zero");
+        (network, network | (u32::MAX >> prefix), prefix)
+    }
+
+    #[test]
+    fn the_pod_range_holds_a_thousand_nodes_of_110_pods_apart_from_the_services() {
+        let (first, last, prefix) = range(CLUSTER_CIDR);
+        let nodes = 1u32 << (NODE_CIDR_MASK - prefix);
+        let pods_per_node = (1u32 << (32 - NODE_CIDR_MASK)) - 2;
+        assert!(nodes >= 1000 && pods_per_node >= 110, "{nodes} nodes of {pods_per_node} pods");
+        let (s_first, s_last, _) = range(SERVICE_CIDR);
+        assert!(last < s_first || s_last < first, "{CLUSTER_CIDR} and {SERVICE_CIDR} overlap");
     }
 
     #[test]

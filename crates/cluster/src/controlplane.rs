@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::addons::{CLUSTER_CIDR, SERVICE_CIDR};
+use crate::addons::{CLUSTER_CIDR, NODE_CIDR_MASK, SERVICE_CIDR};
 use crate::pki::ClusterPki;
 
 fn p(path: &Path) -> String {
@@ -141,7 +141,7 @@ pub fn controller_manager_args(
         "--use-service-account-credentials=true".into(),
         "--allocate-node-cidrs=true".into(),
         format!("--cluster-cidr={CLUSTER_CIDR}"),
-        "--node-cidr-mask-size=24".into(),
+        format!("--node-cidr-mask-size={NODE_CIDR_MASK}"),
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
         format!("--cluster-signing-kubelet-serving-cert-file={}", p(&pki.kubelet_ca().cert)),
         format!("--cluster-signing-kubelet-serving-key-file={}", p(&pki.kubelet_ca().key)),
