@@ -84,3 +84,60 @@ async fn reopened_logs_continue_in_a_new_file() {
     assert!(!current.exists(), "no new log file for a stopped container");
     tokio::task::block_in_place(|| rt.ok(&["rmp", "-f", &pod_id]));
 }
+
+/// A container that ends right after writing a lot: once the runtime says it exited, its log
+/// holds all of its output (the kubelet reads it then: `kubectl logs` of a finished Job, the
+/// termination message's fallback to the log). Its last output is still in the pipe, on its
+/// way through the shim, when the process ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_containers_log_holds_all_its_output() {
+    if !tools_present(CRICTL_TOOLS) {
+        return;
+    }
+    let (registry, reference, _) = registry_with_shell_image().await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::task::block_in_place(|| Runtime::start(tmp.path(), &registry.host_port()));
+    tokio::task::block_in_place(|| {
+        rt.ok(&["pull", &reference]);
+        let pod = write_json(
+            &tmp.path().join("pod.json"),
+            serde_json::json!({
+                "metadata": {"name": "burst", "namespace": "default", "uid": "uid-4", "attempt": 0},
+                "log_directory": tmp.path().join("logs/burst"),
+            }),
+        );
+        let pod_id = rt.ok(&["runp", &pod]);
+        for attempt in 0..10 {
+            let ctr = write_json(
+                &tmp.path().join("ctr.json"),
+                serde_json::json!({
+                    "metadata": {"name": "burst", "attempt": attempt},
+                    "image": {"image": reference},
+                    "command": ["seq", "1", "50000"],
+                    "log_path": format!("burst/{attempt}.log"),
+                }),
+            );
+            let id = rt.ok(&["create", &pod_id, &ctr, &pod]);
+            rt.ok(&["start", &id]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let inspect: serde_json::Value =
+                    serde_json::from_str(&rt.ok(&["inspect", &id])).expect("inspect JSON");
+                if inspect["status"]["state"] == "CONTAINER_EXITED" {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "container {id} still runs: {inspect}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let log = std::fs::read_to_string(tmp.path().join(format!("logs/burst/burst/{attempt}.log")))
+                .expect("the log");
+            let lines = log.lines().count();
+            let last = log.lines().last().unwrap_or_default().to_owned();
+            assert!(
+                lines == 50_000 && last.ends_with(" stdout F 50000"),
+                "attempt {attempt}: {lines} of 50000 lines in the log when the container was seen exited; the last: {last:?}"
+            );
+            rt.ok(&["rm", &id]);
+        }
+    });
+}

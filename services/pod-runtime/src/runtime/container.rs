@@ -404,14 +404,22 @@ impl Runtime {
         let early = sandboxes
             .get_mut(&c.sandbox_id)
             .and_then(|s| sandbox_pid.and_then(|p| s.unclaimed_exits.remove(&p)));
-        if let Some(status) = early {
-            mark_exited(c, status, "");
-        }
+        let shim = c.shim_pid;
         self.emit(&state, &id, cri::ContainerEventType::ContainerStartedEvent);
-        if early.is_some() {
-            self.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
-        }
         info!(container = %id, ?sandbox_pid, "container started");
+        if let Some(status) = early {
+            // It ended before its start was recorded: recorded as exited once its output is
+            // in the log, as any exit (`events::apply`).
+            if let Some(shim) = shim {
+                drop(state);
+                super::events::wait_for_shim(shim, &id).await;
+                state = self.state.lock().await;
+            }
+            if let Some(c) = state.containers.get_mut(&id).filter(|c| c.finished_at == 0) {
+                mark_exited(c, status, "");
+                self.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
+            }
+        }
         Ok(())
     }
 

@@ -96,9 +96,21 @@ pub(crate) async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
         .find(|c| c.sandbox_id == sandbox_id && c.sandbox_pid == Some(exit.pid) && c.finished_at == 0);
     match owner {
         Some(container) => {
-            info!(container = %container.id, status = exit.status, "container exited");
+            let (id, shim) = (container.id.clone(), container.shim_pid);
+            // The last of its output may still be in the pipe, on its way through the shim:
+            // the exit is recorded once the shim has put it in the log and ended, so that a
+            // log read on the exit has all of it (as containerd waits for a task's I/O).
+            if let Some(shim) = shim {
+                drop(state);
+                wait_for_shim(shim, &id).await;
+                state = runtime.state.lock().await;
+            }
+            // Stopped otherwise (its sandbox gone) or removed while the shim finished.
+            let Some(container) = state.containers.get_mut(&id).filter(|c| c.finished_at == 0) else {
+                return;
+            };
+            info!(container = %id, status = exit.status, "container exited");
             mark_exited(container, exit.status, "");
-            let id = container.id.clone();
             runtime.emit(&state, &id, cri::ContainerEventType::ContainerStoppedEvent);
         }
         // Not (yet) known as a container's init: a process the container left behind, or an
@@ -115,6 +127,23 @@ pub(crate) async fn apply(runtime: &Runtime, sandbox_id: &str, exit: Exit) {
                 }
             }
         }
+    }
+}
+
+/// The longest an exit waits for its container's log shim: a process the container left
+/// running in the sandbox may hold the output open, and the shim with it.
+const SHIM_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until process `pid`, the shim of container `id`, has ended (or is a zombie, whose
+/// command line reads empty), for at most [`SHIM_DRAIN`].
+pub(crate) async fn wait_for_shim(pid: u32, id: &str) {
+    let started = tokio::time::Instant::now();
+    while crate::logshim::is_shim_of(pid, id) {
+        if started.elapsed() >= SHIM_DRAIN {
+            debug!(container = %id, shim = pid, "the shim still runs; recording the exit");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
 }
 
