@@ -170,7 +170,9 @@ async fn run() {
             for (program, figures) in &worker_programs {
                 println!("| {program} | {} |", mib(figures));
             }
-            if let Some((pid, _)) = bubble_processes(&name, &format!("{name}-{n}")).first() {
+            // The bubble's reaper (PID 1 in it) is in the bubble's network namespace; pods are not.
+            let processes = bubble_processes(&name, &format!("{name}-{n}"));
+            if let Some((pid, _)) = processes.iter().find(|(_, c)| program(c) == "hpk bubble-init (reaper)") {
                 println!(
                     "\nworker bubble {name}-{n}: {} routes, {} lines of nftables rules",
                     lines_in_netns(*pid, &["ip", "-o", "route", "show", "table", "all"]),
