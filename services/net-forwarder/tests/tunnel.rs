@@ -511,7 +511,20 @@ async fn replayed_and_spoofed_datagrams_are_neither_delivered_nor_stored() {
     assert_eq!(&buf[..n], b"genuine");
     let captured = capture.join().expect("capture thread").expect("the tunnel datagram A → B on the wire");
 
-    let before = tunnel_stats(&mut client_b).await;
+    // B counts a packet just after writing it into the bubble, so the genuine datagram can be
+    // in pod B before B's counter has it: B's counters are read once they hold all A sent (two
+    // pings and the datagram), so that any packet B counts from here on is an attack's.
+    let before = {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (a, b) = (tunnel_stats(&mut client_a).await, tunnel_stats(&mut client_b).await);
+            if a.tx_packets >= 3 && b.rx_packets == a.tx_packets {
+                break b;
+            }
+            assert!(Instant::now() < deadline, "B's counters never caught up with what A sent: {a:?} {b:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
     let pod_ip_in = ip_counter(&pod_b.netns_path(), "InReceives");
     let spoofer = in_netns(&hosts.netns(0), Spoofer::new);
     let lan = |host: u8| {
