@@ -18,23 +18,13 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use support::{Env, bubble_processes, prerequisites, text};
+use support::{Env, bubble_processes, prerequisites, reported, text};
 
 const RUNS: usize = 3;
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
     runtime.block_on(run());
-}
-
-/// The seconds `up` printed after `label` ("node(s) Ready in", "cluster DNS in").
-fn reported(output: &str, label: &str) -> f64 {
-    output
-        .split(label)
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.trim_end_matches(',').parse().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// VmRSS in KiB of each process of the cluster's bubbles (nodes `NAME-1`, `NAME-2`), by

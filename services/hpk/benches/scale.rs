@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    Env, bubble_processes, mem_available_kib, memory_kib, prerequisites, reachability_matrix, text,
+    Env, bubble_processes, mem_available_kib, memory_kib, prerequisites, reachability_matrix, reported, text,
 };
 
 /// Seconds of idle cluster over which the API server's request rates are taken.
@@ -33,16 +33,6 @@ const IDLE_WINDOW: Duration = Duration::from_secs(60);
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
     runtime.block_on(run());
-}
-
-/// The seconds `up` printed after `label` ("node(s) Ready in", "cluster DNS in").
-fn reported(output: &str, label: &str) -> f64 {
-    output
-        .split(label)
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.trim_end_matches(',').parse().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// The program a bubble process runs, as the memory tables name it.

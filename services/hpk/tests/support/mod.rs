@@ -707,3 +707,13 @@ pub fn mem_available_kib() -> u64 {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
 }
+
+/// The seconds `up` printed after `label` ("node(s) Ready in", "cluster DNS in").
+pub fn reported(output: &str, label: &str) -> f64 {
+    output
+        .split(label)
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+        .unwrap_or(f64::NAN)
+}
