@@ -8,11 +8,14 @@
 //! - [`DEFAULT_CAPS`], [`ALL_CAPS`], [`DEFAULT_MASKED`], [`DEFAULT_READONLY`]: the capability
 //!   and path lists of an OCI spec; [`KUBELET_MASKED`], [`KUBELET_READONLY`]: the path lists the
 //!   kubelet sends over CRI.
+//! - [`platform`]: architecture names as Go, OCI and Kubernetes spell them, and which entry of
+//!   a multi-platform image index runs on this machine.
 
 mod caps;
 mod cgroups;
 mod mountns;
 mod paths;
+pub mod platform;
 
 pub use caps::{ALL_CAPS, DEFAULT_CAPS};
 pub use cgroups::{CgroupMode, limits_not_enforced};

@@ -17,40 +17,59 @@ use crate::error::{Error, Result};
 
 pub mod cache;
 
-const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 /// Directories every bubble mounts something on; created in the root filesystem because the
 /// bubbles run it read-only.
 pub const MOUNT_POINTS: &[&str] =
     &["proc", "sys", "dev", "run", "tmp", "var/tmp", "var/lib/hpk", "hpk/shared", "etc"];
 
 #[derive(Deserialize)]
-struct Index {
-    manifests: Vec<Descriptor>,
+pub(crate) struct Index {
+    pub(crate) manifests: Vec<Descriptor>,
 }
 
 #[derive(Deserialize, Clone)]
 #[serde(rename_all = "camelCase")]
-struct Descriptor {
-    media_type: Option<String>,
-    digest: String,
-    size: u64,
+pub(crate) struct Descriptor {
+    pub(crate) media_type: Option<String>,
+    pub(crate) digest: String,
+    pub(crate) size: u64,
+    #[serde(default)]
+    pub(crate) platform: Option<Platform>,
+}
+
+/// An index entry's platform.
+#[derive(Deserialize, Clone)]
+pub(crate) struct Platform {
+    pub(crate) architecture: String,
+    pub(crate) os: String,
+    #[serde(default)]
+    pub(crate) variant: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct Manifest {
-    config: Descriptor,
-    layers: Vec<Descriptor>,
+pub(crate) struct Manifest {
+    pub(crate) config: Descriptor,
+    pub(crate) layers: Vec<Descriptor>,
 }
 
 #[derive(Deserialize)]
-struct Config {
-    rootfs: RootFs,
+pub(crate) struct Config {
+    #[serde(default)]
+    pub(crate) architecture: Option<String>,
+    #[serde(default)]
+    pub(crate) os: Option<String>,
+    #[serde(default)]
+    pub(crate) variant: Option<String>,
+    pub(crate) rootfs: RootFs,
 }
 
 #[derive(Deserialize)]
-struct RootFs {
-    diff_ids: Vec<String>,
+pub(crate) struct RootFs {
+    pub(crate) diff_ids: Vec<String>,
 }
 
 /// An unpacked image, held in the cache (not collected) while this value lives.
@@ -77,6 +96,13 @@ pub fn unpack(image: &Path, cache: &Path) -> Result<Unpacked> {
     }
     // An oci-archive: extract the layout into a temporary directory first.
     let staging = tempdir_in(cache, ".archive-")?;
+    extract_archive(image, staging.path())?;
+    unpack_layout(image, staging.path(), cache)
+}
+
+/// Extracts the oci-archive `image` (a tar of a layout) into the empty directory `dest`.
+pub(crate) fn extract_archive(image: &Path, dest: &Path) -> Result<()> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
     let file = File::open(image).map_err(|e| Error::io("open", image.display(), e))?;
     let mut archive = tar::Archive::new(BufReader::new(file));
     for entry in archive.entries().map_err(|e| bad(format!("not a tar archive: {e}")))? {
@@ -85,32 +111,77 @@ pub fn unpack(image: &Path, cache: &Path) -> Result<Unpacked> {
         if !(kind.is_file() || kind.is_dir()) {
             return Err(bad("an oci-archive holds only files and directories".into()));
         }
-        let ok = entry.unpack_in(staging.path()).map_err(|e| bad(format!("corrupt archive: {e}")))?;
+        let ok = entry.unpack_in(dest).map_err(|e| bad(format!("corrupt archive: {e}")))?;
         if !ok {
             return Err(bad("an archive entry points outside the layout".into()));
         }
     }
-    unpack_layout(image, staging.path(), cache)
+    Ok(())
+}
+
+/// The image manifest of this machine's platform in `layout`: index.json's only entry, or the
+/// entry whose platform runs here. An entry that is itself an index (as `skopeo copy` writes a
+/// multi-platform image into a layout) is followed, one level.
+fn choose_manifest(image: &Path, layout: &Path, index: &Index, nested: bool) -> Result<Descriptor> {
+    let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
+    let here = hpk_oci::platform::architecture();
+    let chosen = match index.manifests.as_slice() {
+        [] => return Err(bad("the image index lists no manifests".into())),
+        [only] if only.platform.is_none() => only,
+        entries => {
+            let runs =
+                |p: &Platform| hpk_oci::platform::runs_here(&p.os, &p.architecture, p.variant.as_deref());
+            let Some(found) = entries.iter().find(|e| e.platform.as_ref().is_some_and(runs)) else {
+                let offered: Vec<String> = entries
+                    .iter()
+                    .map(|e| match &e.platform {
+                        Some(p) => hpk_oci::platform::name(&p.os, &p.architecture, p.variant.as_deref()),
+                        None => "an entry without a platform".to_owned(),
+                    })
+                    .collect();
+                return Err(bad(format!(
+                    "no image for linux/{here} in it (it has: {}); use the {here} release \
+                     (`make dist ARCH={here}`)",
+                    offered.join(", ")
+                )));
+            };
+            found
+        }
+    };
+    match chosen.media_type.as_deref() {
+        None | Some(MANIFEST | DOCKER_MANIFEST) => Ok(chosen.clone()),
+        Some(INDEX | DOCKER_LIST) if !nested => {
+            let inner: Index = serde_json::from_slice(&read_blob(layout, image, chosen)?)
+                .map_err(|e| bad(format!("image index {}: {e}", chosen.digest)))?;
+            choose_manifest(image, layout, &inner, true)
+        }
+        Some(kind) => Err(bad(format!("index.json names a {kind}, expected an image manifest"))),
+    }
 }
 
 fn unpack_layout(image: &Path, layout: &Path, cache: &Path) -> Result<Unpacked> {
     let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
     let index: Index = serde_json::from_slice(&read_small(&layout.join("index.json"), image)?)
         .map_err(|e| bad(format!("index.json: {e}")))?;
-    let [descriptor] = index.manifests.as_slice() else {
-        return Err(bad(format!("index.json lists {} manifests, expected one", index.manifests.len())));
-    };
-    if let Some(kind) = &descriptor.media_type
-        && kind != MANIFEST
-        && kind != DOCKER_MANIFEST
-    {
-        return Err(bad(format!("index.json names a {kind}, expected an image manifest")));
-    }
+    let chosen = choose_manifest(image, layout, &index, false)?;
+    let descriptor = &chosen;
     let manifest_bytes = read_blob(layout, image, descriptor)?;
     let manifest: Manifest =
         serde_json::from_slice(&manifest_bytes).map_err(|e| bad(format!("manifest: {e}")))?;
     let config: Config = serde_json::from_slice(&read_blob(layout, image, &manifest.config)?)
         .map_err(|e| bad(format!("config: {e}")))?;
+    // An image of another architecture would fail later, at its first exec, with ENOEXEC.
+    if let Some(arch) = &config.architecture {
+        let os = config.os.as_deref().unwrap_or("linux");
+        if !hpk_oci::platform::runs_here(os, arch, config.variant.as_deref()) {
+            let here = hpk_oci::platform::architecture();
+            return Err(bad(format!(
+                "the image is for {}; this machine is linux/{here}: use the {here} release \
+                 (`make dist ARCH={here}`)",
+                hpk_oci::platform::name(os, arch, config.variant.as_deref())
+            )));
+        }
+    }
     if config.rootfs.diff_ids.len() != manifest.layers.len() {
         return Err(bad(format!(
             "the config names {} layers, the manifest {}",
@@ -277,7 +348,7 @@ impl<R: Read> Read for HashingReader<R> {
     }
 }
 
-fn read_small(path: &Path, image: &Path) -> Result<Vec<u8>> {
+pub(crate) fn read_small(path: &Path, image: &Path) -> Result<Vec<u8>> {
     let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
     let meta = std::fs::metadata(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
     if meta.len() > 4 << 20 {
@@ -286,7 +357,7 @@ fn read_small(path: &Path, image: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| bad(format!("{}: {e}", path.display())))
 }
 
-fn read_blob(layout: &Path, image: &Path, descriptor: &Descriptor) -> Result<Vec<u8>> {
+pub(crate) fn read_blob(layout: &Path, image: &Path, descriptor: &Descriptor) -> Result<Vec<u8>> {
     let bad = |reason: String| Error::Image { path: image.to_owned(), reason };
     let path = blob_path(layout, &descriptor.digest).map_err(bad)?;
     let bytes = read_small(&path, image)?;
@@ -294,7 +365,7 @@ fn read_blob(layout: &Path, image: &Path, descriptor: &Descriptor) -> Result<Vec
     Ok(bytes)
 }
 
-fn hex_of(digest: &str) -> std::result::Result<&str, String> {
+pub(crate) fn hex_of(digest: &str) -> std::result::Result<&str, String> {
     match digest.strip_prefix("sha256:") {
         Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
             Ok(h)
@@ -303,11 +374,11 @@ fn hex_of(digest: &str) -> std::result::Result<&str, String> {
     }
 }
 
-fn blob_path(layout: &Path, digest: &str) -> std::result::Result<PathBuf, String> {
+pub(crate) fn blob_path(layout: &Path, digest: &str) -> std::result::Result<PathBuf, String> {
     Ok(layout.join("blobs/sha256").join(hex_of(digest)?))
 }
 
-fn check_bytes(bytes: &[u8], digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
+pub(crate) fn check_bytes(bytes: &[u8], digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
     if let Some(size) = size
         && bytes.len() as u64 != size
     {
@@ -320,7 +391,7 @@ fn check_bytes(bytes: &[u8], digest: &str, size: Option<u64>) -> std::result::Re
     Ok(())
 }
 
-fn check_digest(path: &Path, digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
+pub(crate) fn check_digest(path: &Path, digest: &str, size: Option<u64>) -> std::result::Result<(), String> {
     let mut file = File::open(path).map_err(|e| format!("blob {digest}: {e}"))?;
     let mut hash = Sha256::new();
     let n = std::io::copy(&mut file, &mut hash).map_err(|e| format!("blob {digest}: {e}"))?;
@@ -412,10 +483,10 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
 }
 
 /// A temporary directory under `parent`, removed on drop unless kept.
-struct TempDir(Option<PathBuf>);
+pub(crate) struct TempDir(Option<PathBuf>);
 
 impl TempDir {
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.0.as_deref().unwrap_or(Path::new("/nonexistent"))
     }
 
@@ -432,7 +503,7 @@ impl Drop for TempDir {
     }
 }
 
-fn tempdir_in(parent: &Path, prefix: &str) -> Result<TempDir> {
+pub(crate) fn tempdir_in(parent: &Path, prefix: &str) -> Result<TempDir> {
     let dir = cache::staging_name(parent, prefix)?;
     std::fs::create_dir(&dir).map_err(|e| Error::io("create", dir.display(), e))?;
     Ok(TempDir(Some(dir)))

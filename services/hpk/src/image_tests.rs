@@ -35,13 +35,14 @@ fn put(layout: &Path, bytes: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
-/// Writes an image layout with `layers`; returns the layer digests.
-fn layout(dir: &Path, layers: &[(Vec<u8>, String)]) -> Vec<String> {
+/// Writes the blobs of an image of `layers` for linux/`arch` into `dir` (a layout); returns
+/// the layer digests and the manifest's descriptor, its platform included.
+fn image_for(dir: &Path, layers: &[(Vec<u8>, String)], arch: &str) -> (Vec<String>, serde_json::Value) {
     std::fs::create_dir_all(dir.join("blobs/sha256")).expect("mkdir");
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("write");
     let digests: Vec<String> = layers.iter().map(|(b, _)| put(dir, b)).collect();
     let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux",
+        "architecture": arch, "os": "linux",
         "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>()}
     })
     .to_string();
@@ -55,11 +56,86 @@ fn layout(dir: &Path, layers: &[(Vec<u8>, String)]) -> Vec<String> {
     })
     .to_string();
     let manifest_digest = put(dir, manifest.as_bytes());
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [
-        {"mediaType": MANIFEST, "digest": manifest_digest, "size": manifest.len()}
-    ]});
+    let descriptor = serde_json::json!({
+        "mediaType": MANIFEST, "digest": manifest_digest, "size": manifest.len(),
+        "platform": {"architecture": arch, "os": "linux"}
+    });
+    (digests, descriptor)
+}
+
+/// Writes an image layout with `layers` (amd64, index.json's entry without a platform, as
+/// older builds wrote it); returns the layer digests.
+fn layout(dir: &Path, layers: &[(Vec<u8>, String)]) -> Vec<String> {
+    let (digests, mut descriptor) = image_for(dir, layers, "amd64");
+    descriptor.as_object_mut().expect("object").remove("platform");
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [descriptor]});
     std::fs::write(dir.join("index.json"), index.to_string()).expect("write index");
     digests
+}
+
+/// The architecture this test runs on, and another one.
+fn here_and_other() -> (String, &'static str) {
+    let here = hpk_oci::platform::architecture();
+    let other = if here == "arm64" { "amd64" } else { "arm64" };
+    (here, other)
+}
+
+#[test]
+fn a_multi_platform_layout_unpacks_this_machines_image() {
+    let (here, other) = here_and_other();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = dir.path().join("image");
+    // The other architecture first, so that taking the first entry would be caught.
+    let (_, theirs) = image_for(&image, &[layer(&[("arch", Some(other))])], other);
+    let (_, ours) = image_for(&image, &[layer(&[("arch", Some(&here))])], &here);
+    let index = serde_json::json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [theirs, ours]});
+    std::fs::write(image.join("index.json"), index.to_string()).expect("write index");
+    let unpacked = unpack(&image, &dir.path().join("cache")).expect("unpack");
+    assert_eq!(std::fs::read_to_string(unpacked.rootfs.join("arch")).expect("arch"), here);
+    assert_eq!(unpacked.digest, ours["digest"].as_str().expect("digest"));
+
+    // The same two behind one nested index, as `skopeo copy --all` writes a layout.
+    let nested = dir.path().join("nested");
+    let (_, theirs) = image_for(&nested, &[layer(&[("arch", Some(other))])], other);
+    let (_, ours) = image_for(&nested, &[layer(&[("arch", Some(&here))])], &here);
+    let inner =
+        serde_json::json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [theirs, ours]}).to_string();
+    let inner_digest = put(&nested, inner.as_bytes());
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [
+        {"mediaType": INDEX, "digest": inner_digest, "size": inner.len()}
+    ]});
+    std::fs::write(nested.join("index.json"), index.to_string()).expect("write index");
+    let unpacked = unpack(&nested, &dir.path().join("cache")).expect("unpack nested");
+    assert_eq!(std::fs::read_to_string(unpacked.rootfs.join("arch")).expect("arch"), here);
+}
+
+#[test]
+fn an_image_of_another_architecture_is_refused_by_name() {
+    let (here, other) = here_and_other();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    // Listed with its platform: refused from the index, naming what it has.
+    let listed = dir.path().join("listed");
+    let (_, theirs) = image_for(&listed, &[layer(&[("f", Some("x"))])], other);
+    std::fs::write(listed.join("index.json"), serde_json::json!({"manifests": [theirs]}).to_string())
+        .expect("write index");
+    let err = unpack(&listed, &cache).expect_err("another architecture").to_string();
+    assert!(
+        err.contains(&format!("no image for linux/{here}")) && err.contains(&format!("linux/{other}")),
+        "{err}"
+    );
+    assert!(err.contains(&format!("make dist ARCH={here}")), "{err}");
+    // Listed without a platform: refused from its config, before any layer is unpacked.
+    let bare = dir.path().join("bare");
+    let (_, mut theirs) = image_for(&bare, &[layer(&[("f", Some("x"))])], other);
+    theirs.as_object_mut().expect("object").remove("platform");
+    std::fs::write(bare.join("index.json"), serde_json::json!({"manifests": [theirs]}).to_string())
+        .expect("write index");
+    let err = unpack(&bare, &cache).expect_err("another architecture").to_string();
+    assert!(err.contains(&format!("the image is for linux/{other}; this machine is linux/{here}")), "{err}");
+    let left: Vec<_> =
+        std::fs::read_dir(&cache).expect("cache").flatten().filter(|e| e.file_name() != ".lock").collect();
+    assert!(left.is_empty(), "nothing unpacked: {left:?}");
 }
 
 #[test]
@@ -137,7 +213,7 @@ fn missing_or_malformed_images_name_the_problem() {
     std::fs::create_dir_all(&empty).expect("mkdir");
     std::fs::write(empty.join("index.json"), "{\"manifests\": []}").expect("write");
     let err = unpack(&empty, &cache).expect_err("empty index").to_string();
-    assert!(err.contains("0 manifests"), "{err}");
+    assert!(err.contains("lists no manifests"), "{err}");
 }
 
 #[test]

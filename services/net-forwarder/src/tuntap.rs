@@ -36,11 +36,12 @@ const IFF_TUN: libc::c_short = 0x0001;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
-// _IOW('T', 202, int), _IOW('T', 203, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int)
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+// _IOW('T', 202, int), _IOW('T', 203, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int), the
+// same numbers on x86_64 and aarch64; of the request's type, unsigned long for glibc, int for musl.
+const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
+const TUNSETPERSIST: libc::Ioctl = 0x4004_54cb;
+const TUNSETOFFLOAD: libc::Ioctl = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::Ioctl = 0x4004_54d8;
 /// Offload flags for TUNSETOFFLOAD: the reader takes partial checksums and TCP GSO packets.
 const TUN_F_CSUM: libc::c_ulong = 0x01;
 const TUN_F_TSO4: libc::c_ulong = 0x02;

@@ -12,28 +12,9 @@ pub const KUBELET_VERSION: &str = concat!("v1.35.4-hpk.", env!("CARGO_PKG_VERSIO
 /// The runtime's name in `containerRuntimeVersion`.
 pub const RUNTIME_NAME: &str = "hpk-pod-runtime";
 
-/// The Go name (`GOARCH`) of a Rust target architecture, as Kubernetes labels and reports it.
-pub fn go_arch(rust_arch: &str, little_endian: bool) -> String {
-    match (rust_arch, little_endian) {
-        ("x86_64", _) => "amd64",
-        ("x86", _) => "386",
-        ("aarch64", _) => "arm64",
-        ("arm", _) => "arm",
-        ("powerpc64", true) => "ppc64le",
-        ("powerpc64", false) => "ppc64",
-        ("s390x", _) => "s390x",
-        ("riscv64", _) => "riscv64",
-        ("loongarch64", _) => "loong64",
-        ("mips64", true) => "mips64le",
-        ("mips", true) => "mipsle",
-        (other, _) => other,
-    }
-    .to_owned()
-}
-
-/// This build's architecture as Go names it.
+/// This build's architecture as Go names it, for `kubernetes.io/arch` and `nodeInfo`.
 pub fn architecture() -> String {
-    go_arch(std::env::consts::ARCH, cfg!(target_endian = "little"))
+    hpk_oci::platform::architecture()
 }
 
 /// `PRETTY_NAME` of an os-release file's text, unquoted.
@@ -96,19 +77,6 @@ fn first_line(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_architecture_names() {
-        assert_eq!(go_arch("x86_64", true), "amd64");
-        assert_eq!(go_arch("aarch64", true), "arm64");
-        assert_eq!(go_arch("x86", true), "386");
-        assert_eq!(go_arch("powerpc64", true), "ppc64le");
-        assert_eq!(go_arch("powerpc64", false), "ppc64");
-        assert_eq!(go_arch("riscv64", true), "riscv64");
-        assert_eq!(go_arch("loongarch64", true), "loong64");
-        assert_eq!(go_arch("s390x", false), "s390x");
-        assert!(["amd64", "arm64"].contains(&architecture().as_str()) || !architecture().is_empty());
-    }
 
     #[test]
     fn os_release_pretty_name() {

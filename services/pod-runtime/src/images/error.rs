@@ -103,8 +103,11 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// An image index lists no linux/amd64 image.
-    #[error("image index {digest} of {reference} has no linux/amd64 image (it has: {available})")]
+    /// An image index lists no image for this machine's platform.
+    #[error(
+        "image index {digest} of {reference} has no linux/{} image (it has: {available})",
+        hpk_oci::platform::architecture()
+    )]
     NoPlatform {
         /// The reference pulled.
         reference: String,

@@ -102,17 +102,20 @@ fn is_tar_layer(media_type: &str) -> bool {
             || media_type.ends_with(".tar.gzip"))
 }
 
-/// The index entry for linux/amd64, or a list of what the index offers instead.
-pub(crate) fn select_linux_amd64(entries: &[Descriptor]) -> std::result::Result<&Descriptor, String> {
-    let is_amd64 = |p: &Platform| p.os == "linux" && p.architecture == "amd64";
-    entries.iter().find(|e| e.platform.as_ref().is_some_and(is_amd64)).ok_or_else(|| {
+/// The index entry of this machine's platform (linux and this build's architecture), or a
+/// list of what the index offers instead.
+pub(crate) fn select_platform(entries: &[Descriptor]) -> std::result::Result<&Descriptor, String> {
+    select_for(entries, &hpk_oci::platform::architecture())
+}
+
+/// [`select_platform`] for a machine of architecture `host` (Go's name).
+fn select_for<'a>(entries: &'a [Descriptor], host: &str) -> std::result::Result<&'a Descriptor, String> {
+    let runs = |p: &Platform| hpk_oci::platform::runs_on(&p.os, &p.architecture, p.variant.as_deref(), host);
+    entries.iter().find(|e| e.platform.as_ref().is_some_and(runs)).ok_or_else(|| {
         let offered: Vec<String> = entries
             .iter()
             .filter_map(|e| e.platform.as_ref())
-            .map(|p| match &p.variant {
-                Some(v) => format!("{}/{}/{v}", p.os, p.architecture),
-                None => format!("{}/{}", p.os, p.architecture),
-            })
+            .map(|p| hpk_oci::platform::name(&p.os, &p.architecture, p.variant.as_deref()))
             .collect();
         if offered.is_empty() { "no platforms".to_owned() } else { offered.join(", ") }
     })
@@ -146,8 +149,13 @@ mod tests {
             d('e')
         );
         let Ok(Parsed::Index(entries)) = parse("i", index.as_bytes()) else { panic!("index") };
-        assert_eq!(select_linux_amd64(&entries).expect("amd64").digest, d('e'));
-        assert_eq!(select_linux_amd64(&entries[..1]).expect_err("none"), "linux/arm64/v8");
+        assert_eq!(select_for(&entries, "amd64").expect("amd64").digest, d('e'));
+        assert_eq!(select_for(&entries, "arm64").expect("arm64").digest, d('c'));
+        assert_eq!(select_for(&entries[..1], "amd64").expect_err("none"), "linux/arm64/v8");
+        assert_eq!(select_for(&entries[1..], "arm64").expect_err("none"), "linux/amd64");
+        let here = select_platform(&entries).expect("this machine's");
+        let expected = if cfg!(target_arch = "aarch64") { d('c') } else { d('e') };
+        assert_eq!(here.digest, expected, "the entry of the architecture this runtime was built for");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! | `store` | [`ImageStore`]: open, pull (coalesced), list, status, remove, layers |
 //! | `pull` | one pull: manifest → config → layers → index |
 //! | `registry` | the distribution client, digest and size checks, error sorting |
-//! | `manifest` | manifests and indexes, linux/amd64 selection |
+//! | `manifest` | manifests and indexes, this machine's platform chosen from an index |
 //! | `unpack`, `extract`, `whiteout` | a layer blob to a verified directory, safely |
 //! | `owners` | owners this bubble does not map (kept ours, recorded in an xattr), devices skipped |
 //! | `index`, `record` | `index.json` and what it holds |

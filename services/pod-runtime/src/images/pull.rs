@@ -122,7 +122,7 @@ async fn resolve(
         Parsed::Image { config, layers } => return Ok((manifests, config, layers)),
         Parsed::Index(entries) => entries,
     };
-    let entry = manifest::select_linux_amd64(&entries).map_err(|available| Error::NoPlatform {
+    let entry = manifest::select_platform(&entries).map_err(|available| Error::NoPlatform {
         reference: image.to_string(),
         digest: digest.clone(),
         available,
@@ -144,7 +144,7 @@ async fn resolve(
         Parsed::Index(_) => Err(Error::BadManifest {
             what: "image index",
             digest: platform_digest,
-            reason: "its linux/amd64 entry is another index".to_owned(),
+            reason: format!("its linux/{} entry is another index", hpk_oci::platform::architecture()),
         }),
     }
 }
