@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Builds HPK's images as OCI image layouts without Docker, and unpacks them.
 #
-#   images/build.sh bubble --bin-dir DIR --controlplane PATH --out DIR [--archive FILE] [--tag TAG]
-#   images/build.sh pause  --bin-dir DIR --out DIR [--archive FILE] [--tag TAG]
+#   images/build.sh bubble --bin-dir DIR --controlplane PATH --out DIR [--archive FILE] [--tag TAG] [--arch ARCH]
+#   images/build.sh pause  --bin-dir DIR --out DIR [--archive FILE] [--tag TAG] [--arch ARCH]
 #   images/build.sh unpack --layout DIR --out ROOTFS [--ref NAME]
 #   images/build.sh verify --layout DIR
-#   images/build.sh context --bin-dir DIR [--controlplane PATH] --out DIR   (for the Dockerfiles)
+#   images/build.sh context --bin-dir DIR [--controlplane PATH] --out DIR [--arch ARCH]   (for the Dockerfiles)
+#   ARCH: amd64 (the default) or arm64; every binary given must be an ELF of that architecture.
 #
 # The bubble is three gzip'd layers: a Debian base made by mmdebstrap (cached under
 # $HPK_CACHE_DIR/images, keyed by suite, mirrors, package list and recipe), the control plane,
 # and our binaries (stripped). Layers are deterministic: sorted entries, numeric owners, every
 # mtime set to $SOURCE_DATE_EPOCH (default 0), gzip without name or time
 # (level $HPK_IMAGE_GZIP_LEVEL, default 1, for our binaries; 6 for the cached layers).
-# Building the bubble's base needs root (mmdebstrap's root mode); everything else does not.
+# Building the bubble's base needs root (mmdebstrap's root mode); everything else does not. An arm64
+# base on an amd64 host runs its packages' maintainer scripts under qemu-aarch64-static through
+# binfmt_misc, which this script mounts and registers for the build if needed, and undoes on exit.
 set -euo pipefail
+# The layers are filled in command substitutions ($(cached_layer ...)), where bash would otherwise
+# drop -e: a failed mmdebstrap would then go on to cache a broken base.
+shopt -s inherit_errexit
 # Modes of what we create do not depend on the caller's umask.
 umask 022
 
@@ -30,13 +36,32 @@ CONTROLPLANE_LINKS=(kube-apiserver kube-controller-manager kube-scheduler kube-p
 IMAGE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 WORK=""
+# The target architecture (--arch, Debian's and OCI's name), the strip that handles its binaries
+# (x86's cannot read aarch64 ones), its name in `readelf -h` (Machine:) and how to build for it.
+ARCH=amd64
+STRIP="strip"
+ELF_MACHINE="Advanced Micro Devices X86-64"
+CROSS_HINT=""
+
+# binfmt_misc, for a base of a foreign architecture: what this build mounted or registered there,
+# undone by cleanup.
+BINFMT=/proc/sys/fs/binfmt_misc
+BINFMT_MOUNTED=""
+BINFMT_HANDLER=""
+QEMU_AARCH64=/usr/bin/qemu-aarch64-static
+# An aarch64 ELF executable's header, and the mask of what matters in it, as Debian's
+# qemu-user-static registers them (/usr/lib/binfmt.d/qemu-aarch64.conf).
+AARCH64_MAGIC='\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00'
+AARCH64_MASK='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
 
 log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
+usage() { sed -n '2,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2; }
 
-# Unmounts whatever a failed mmdebstrap left under the work directory, then removes it.
+# Undoes what enable_foreign_exec did, unmounts whatever a failed mmdebstrap left under the work
+# directory, then removes it.
 cleanup() {
+  disable_foreign_exec
   if [ -z "$WORK" ] || [ ! -d "$WORK" ]; then return 0; fi
   local target
   while read -r target; do
@@ -59,6 +84,45 @@ need() {
 }
 
 sha256() { sha256sum "$1" | cut -d' ' -f1; }
+
+# set_arch ARCH: the architecture the image is for.
+set_arch() {
+  case "$1" in
+    amd64) ARCH=amd64 STRIP="strip" ELF_MACHINE="Advanced Micro Devices X86-64" CROSS_HINT="" ;;
+    arm64)
+      ARCH=arm64 STRIP=aarch64-linux-gnu-strip ELF_MACHINE=AArch64
+      CROSS_HINT="; cross-build it (ours: cargo build --target aarch64-unknown-linux-musl; the control plane: GOARCH=arm64 integration/controlplane/build.sh)"
+      ;;
+    *) die "--arch $1: amd64 or arm64" ;;
+  esac
+}
+
+# The architecture of this machine, in Debian's names.
+host_arch() {
+  case "$(uname -m)" in
+    x86_64) echo amd64 ;;
+    aarch64) echo arm64 ;;
+    *) uname -m ;;
+  esac
+}
+
+# check_elf FILE: FILE is an ELF executable for $ARCH. A binary of the wrong one would only fail
+# when the image runs, on the cluster.
+check_elf() {
+  local machine
+  machine=$(LC_ALL=C readelf -h "$1" 2>/dev/null | sed -n 's/^ *Machine: *//p') || true
+  [ -n "$machine" ] || die "$1 is not an ELF binary"
+  [ "$machine" = "$ELF_MACHINE" ] ||
+    die "$1 is built for $machine, not for $ARCH ($ELF_MACHINE)$CROSS_HINT"
+}
+
+# is_static FILE: FILE asks for no program interpreter (the dynamic loader). (Not readelf | grep -q:
+# with pipefail, readelf killed by SIGPIPE would make that fail.)
+is_static() {
+  local headers
+  headers=$(LC_ALL=C readelf -lW "$1") || die "readelf -l $1 failed"
+  case "$headers" in *"Requesting program interpreter"*) return 1 ;; esac
+}
 
 # compress LEVEL FILE: gzip without name or time, to stdout; pigz (same bytes whatever the
 # number of threads) where installed, which changes the layer digests, not their content.
@@ -102,7 +166,7 @@ cached_layer() {
   local key=$1 fn=$2 dir tar
   shift 2
   mkdir -p "$CACHE_DIR"
-  if [ ! -s "$CACHE_DIR/$key.tar.gz" ] || [ ! -s "$CACHE_DIR/$key.diff_id" ]; then
+  if ! cached "$key"; then
     dir="$WORK/$key.d"
     tar="$WORK/$key.tar"
     mkdir -p "$dir"
@@ -121,6 +185,8 @@ cached_layer() {
   fi
   echo "$CACHE_DIR/$key.tar.gz $(cat "$CACHE_DIR/$key.diff_id")"
 }
+
+cached() { [ -s "$CACHE_DIR/$1.tar.gz" ] && [ -s "$CACHE_DIR/$1.diff_id" ]; }
 
 # fresh_layer FUNCTION ARGS...: like cached_layer, for layers that change on every build.
 fresh_layer() {
@@ -151,7 +217,8 @@ fill_base() {
   # The host's resolv.conf and hostname, which mmdebstrap copies in, are emptied: the bubble's
   # launcher provides both. (The hooks' "$1" is mmdebstrap's, hence the single quotes.)
   # shellcheck disable=SC2016
-  SOURCE_DATE_EPOCH="$EPOCH" mmdebstrap --quiet --mode=root --variant=apt --include="$packages" \
+  SOURCE_DATE_EPOCH="$EPOCH" mmdebstrap --quiet --mode=root --architectures="$ARCH" \
+    --variant=apt --include="$packages" \
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -168,16 +235,69 @@ fill_base() {
 
 # The base's cache key: what goes into it, the recipe (fill_base itself) included, so a change
 # of either builds a new base. Package updates do not: remove the cached file to pick them up.
+# The architecture is keyed on its own line, only when it is not amd64, and left out of the
+# recipe: the amd64 key stays what it was before arm64 came, and with it the cached amd64 base.
 base_key() {
-  { echo "$SUITE $MIRROR $SECURITY_MIRROR epoch=$EPOCH"; bubble_packages; declare -f fill_base; } |
-    sha256sum | cut -c1-16
+  {
+    echo "$SUITE $MIRROR $SECURITY_MIRROR epoch=$EPOCH"
+    [ "$ARCH" = amd64 ] || echo "arch=$ARCH"
+    bubble_packages
+    # shellcheck disable=SC2016
+    declare -f fill_base | sed 's/ --architectures="\$ARCH"//'
+  } | sha256sum | cut -c1-16
+}
+
+# enable_foreign_exec: this machine runs $ARCH's binaries, which mmdebstrap needs for the
+# maintainer scripts of a foreign base: qemu-aarch64-static through binfmt_misc. Mounts
+# binfmt_misc when it is not, and registers a handler (flag F: the kernel opens qemu now, so it
+# need not be in the chroot) when no enabled one runs them (arch-test says, as mmdebstrap asks
+# it). Both are undone on exit by disable_foreign_exec, so the machine is left as it was. Two
+# builds of a foreign base at once could remove the other's handler: run one at a time.
+enable_foreign_exec() {
+  [ "$(id -u)" -eq 0 ] || die "the bubble's $ARCH base is built by mmdebstrap as root, with qemu through binfmt_misc (run as root, or build once as root to fill the cache)"
+  need arch-test
+  [ "$ARCH" = arm64 ] || die "a $ARCH base cannot be built on a $(host_arch) machine (arm64 under qemu only)"
+  [ -x "$QEMU_AARCH64" ] || die "$QEMU_AARCH64 is required (package qemu-user-static; scripts/setup.sh installs it)"
+  if ! mountpoint -q "$BINFMT"; then
+    grep -qw binfmt_misc /proc/filesystems || die "this kernel has no binfmt_misc (modprobe binfmt_misc)"
+    mount -t binfmt_misc binfmt_misc "$BINFMT" || die "cannot mount binfmt_misc on $BINFMT"
+    BINFMT_MOUNTED=1
+    log "mounted binfmt_misc on $BINFMT (until this build ends)"
+  fi
+  if arch-test "$ARCH" >/dev/null 2>&1; then
+    log "an enabled binfmt_misc handler runs $ARCH binaries"
+    return 0
+  fi
+  [ "$(cat "$BINFMT/status")" = enabled ] || die "binfmt_misc is disabled ($BINFMT/status)"
+  local name=hpk-qemu-aarch64
+  [ ! -e "$BINFMT/$name" ] ||
+    die "$BINFMT/$name is registered but does not run arm64 binaries; remove it: echo -1 > $BINFMT/$name"
+  printf '%s\n' ":$name:M::$AARCH64_MAGIC:$AARCH64_MASK:$QEMU_AARCH64:F" >"$BINFMT/register" ||
+    die "cannot register $name in $BINFMT"
+  BINFMT_HANDLER=$name
+  log "registered binfmt_misc handler $name ($QEMU_AARCH64, until this build ends)"
+  arch-test "$ARCH" >/dev/null 2>&1 || die "arch-test $ARCH fails, even with $BINFMT/$name"
+}
+
+# disable_foreign_exec: undoes enable_foreign_exec (a no-op when it did nothing).
+disable_foreign_exec() {
+  if [ -n "$BINFMT_HANDLER" ]; then
+    { echo -1 >"$BINFMT/$BINFMT_HANDLER"; } 2>/dev/null || log "could not remove $BINFMT/$BINFMT_HANDLER"
+    BINFMT_HANDLER=""
+  fi
+  if [ -n "$BINFMT_MOUNTED" ]; then
+    umount "$BINFMT" || log "could not unmount $BINFMT"
+    BINFMT_MOUNTED=""
+  fi
 }
 
 # --- the binaries layers -----------------------------------------------------------------------
 
-# install_binary SRC DEST: a stripped copy (symbols kept, for backtraces; debug info gone).
+# install_binary SRC DEST: a stripped copy (symbols kept, for backtraces; debug info gone), of a
+# binary for $ARCH.
 install_binary() {
-  strip --strip-debug -o "$2" "$1"
+  check_elf "$1"
+  "$STRIP" --strip-debug -o "$2" "$1"
   chmod 0755 "$2"
 }
 
@@ -209,9 +329,14 @@ fill_hpk_binaries() {
 
 # fill_pause BIN_DIR DIR: hpk-pause and the shared libraries ldd says it loads, at the paths the
 # loader looks for them (no ld.so.cache in the image; Debian's loader searches the multiarch
-# directories by default).
+# directories by default). ldd knows only this machine's libraries: for another architecture,
+# hpk-pause must be static (musl), and is alone.
 fill_pause() {
   local bin_dir=$1 dir=$2 lib
+  check_elf "$bin_dir/hpk-pause"
+  if [ "$ARCH" != "$(host_arch)" ] && ! is_static "$bin_dir/hpk-pause"; then
+    die "$bin_dir/hpk-pause is dynamically linked: for $ARCH it must be static (--target aarch64-unknown-linux-musl)"
+  fi
   bin_dirs "$dir"
   install_binary "$bin_dir/hpk-pause" "$dir/usr/local/bin/hpk-pause"
   while read -r lib; do
@@ -254,7 +379,8 @@ write_layout() {
   done
   jq -cnS --arg created "$created" --arg path "PATH=$IMAGE_PATH" --argjson ep "$entrypoint" \
     --argjson cmd "$cmd" --argjson diff_ids "$diff_ids" --argjson history "$history" \
-    '{created: $created, architecture: "amd64", os: "linux",
+    --arg arch "$ARCH" \
+    '{created: $created, architecture: $arch, os: "linux",
       config: ({Env: [$path], WorkingDir: "/"} + (if $ep then {Entrypoint: $ep} else {} end)
                + (if $cmd then {Cmd: $cmd} else {} end)),
       rootfs: {type: "layers", diff_ids: $diff_ids}, history: $history}' >"$WORK/blob"
@@ -266,10 +392,10 @@ write_layout() {
       layers: $layers}' >"$WORK/blob"
   size=$(stat -c %s "$WORK/blob")
   manifest_digest=$(put_blob "$layout" "$WORK/blob")
-  jq -nS --arg md "$manifest_digest" --argjson ms "$size" --arg tag "$tag" \
+  jq -nS --arg md "$manifest_digest" --argjson ms "$size" --arg tag "$tag" --arg arch "$ARCH" \
     '{schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
       manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $md, size: $ms,
-                   platform: {architecture: "amd64", os: "linux"},
+                   platform: {architecture: $arch, os: "linux"},
                    annotations: {"org.opencontainers.image.ref.name": $tag}}]}' >"$layout/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
   verify_layout "$layout"
@@ -438,6 +564,7 @@ parse_build_args() {
       --out) OUT=$2; shift 2 ;;
       --archive) ARCHIVE=$2; shift 2 ;;
       --tag) TAG=$2; shift 2 ;;
+      --arch) set_arch "$2"; shift 2 ;;
       *) usage ;;
     esac
   done
@@ -447,17 +574,21 @@ parse_build_args() {
 }
 
 cmd_bubble() {
-  local base cp bins start=$SECONDS name
+  local base key cp bins start=$SECONDS name
   parse_build_args "$@"
   [ -n "$CONTROLPLANE" ] || usage
   [ -x "$CONTROLPLANE" ] || die "--controlplane $CONTROLPLANE is not an executable"
   for name in "${BUBBLE_BINARIES[@]}"; do
     [ -x "$BIN_DIR/$name" ] || die "$BIN_DIR/$name is missing"
   done
-  need jq tar gzip strip sha256sum
+  need jq tar gzip "$STRIP" readelf sha256sum
+  check_elf "$CONTROLPLANE"
   check_dockerfile_packages
   make_work
-  base=$(cached_layer "bubble-base-$(base_key)" fill_base)
+  key="bubble-base-$(base_key)"
+  # In this shell, not in cached_layer's: the exit trap must know what to undo.
+  if [ "$ARCH" != "$(host_arch)" ] && ! cached "$key"; then enable_foreign_exec; fi
+  base=$(cached_layer "$key" fill_base)
   cp=$(cached_layer "controlplane-$(sha256 "$CONTROLPLANE" | cut -c1-16)" fill_controlplane "$CONTROLPLANE")
   log "stripping our binaries"
   bins=$(fresh_layer fill_hpk_binaries "$BIN_DIR")
@@ -467,20 +598,20 @@ cmd_bubble() {
     "$cp the upstream control plane (hpk-controlplane)" \
     "$bins HPK binaries"
   [ -z "$ARCHIVE" ] || write_archive "$OUT" "$ARCHIVE"
-  log "hpk-bubble built in $((SECONDS - start)) s"
+  log "hpk-bubble ($ARCH) built in $((SECONDS - start)) s"
 }
 
 cmd_pause() {
   local layer start=$SECONDS
   parse_build_args "$@"
   [ -x "$BIN_DIR/hpk-pause" ] || die "$BIN_DIR/hpk-pause is missing"
-  need jq tar gzip strip sha256sum ldd
+  need jq tar gzip "$STRIP" readelf sha256sum ldd
   make_work
   layer=$(fresh_layer fill_pause "$BIN_DIR")
   write_layout "$OUT" "${TAG:-hpk-pause:dev}" '["/usr/local/bin/hpk-pause"]' null \
     "$layer hpk-pause and its shared libraries"
   [ -z "$ARCHIVE" ] || write_archive "$OUT" "$ARCHIVE"
-  log "hpk-pause built in $((SECONDS - start)) s"
+  log "hpk-pause ($ARCH) built in $((SECONDS - start)) s"
 }
 
 # The build context of hpk-bubble/Dockerfile and hpk-pause/Dockerfile: bin/ (ours, stripped) and
@@ -489,7 +620,8 @@ cmd_context() {
   local name
   parse_build_args "$@"
   [ -e "$OUT" ] && die "$OUT exists"
-  need strip
+  need "$STRIP" readelf
+  [ -z "$CONTROLPLANE" ] || check_elf "$CONTROLPLANE"
   mkdir -p "$OUT/bin"
   for name in "${BUBBLE_BINARIES[@]}" "${OPTIONAL_BINARIES[@]}"; do
     [ -x "$BIN_DIR/$name" ] && install_binary "$BIN_DIR/$name" "$OUT/bin/$name"

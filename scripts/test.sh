@@ -48,6 +48,18 @@ stage "binaries and images" build_images
 # The release bundle of that build (static bin/hpk, the image, slurm/hpk.slurm): the Slurm
 # suite submits from it, unpacked, as a user does.
 stage "release bundle" make dist PROFILE=debug
+# The arm64 bundle: every binary cross-built for aarch64-unknown-linux-musl, the arm64 control
+# plane and images (their Debian base built once, as root, under qemu through binfmt_misc; then
+# cached), packed as target/dist/hpk-<version>-arm64.tar.gz, whose hpk, crun and our binaries
+# then run under qemu-aarch64-static. It leaves target/images-arm64/hpk-bubble and hpk-pause.
+arm64_bundle() {
+  local version
+  version=$(sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+  setup_controlplane_arm64
+  make dist ARCH=arm64 PROFILE=debug
+  images/test-arm64.sh "target/dist/hpk-$version-arm64.tar.gz"
+}
+stage "arm64 bundle" arm64_bundle
 # The cluster lane: every integration test (tests/*.rs of each crate), against the real control
 # plane, crun, Slurm and network namespaces, with the binaries and images built above; three
 # test binaries at a time (scripts/test-cluster.sh says which run alone, and why).
