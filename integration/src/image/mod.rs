@@ -29,6 +29,8 @@ pub use layer::{Layer, LayerBuilder};
 
 /// Media type of an OCI image manifest.
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The media type of an OCI image index (several platforms' manifests).
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 /// Media type of an OCI image config.
 pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 /// Media type of a gzip'd tar layer.

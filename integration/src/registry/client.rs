@@ -120,8 +120,18 @@ impl Client {
     /// Fetches a manifest by tag or digest; returns its digest and exact bytes. A digest
     /// reference, and the registry's `Docker-Content-Digest`, must match the bytes.
     pub async fn get_manifest(&self, repo: &str, reference: &str) -> Result<(Digest, Vec<u8>)> {
+        self.get_manifest_as(repo, reference, OCI_MANIFEST).await
+    }
+
+    /// Fetches an image index (a multi-platform image) by tag or digest, checked as
+    /// [`Client::get_manifest`] checks a manifest.
+    pub async fn get_index(&self, repo: &str, reference: &str) -> Result<(Digest, Vec<u8>)> {
+        self.get_manifest_as(repo, reference, image::OCI_INDEX).await
+    }
+
+    async fn get_manifest_as(&self, repo: &str, reference: &str, accept: &str) -> Result<(Digest, Vec<u8>)> {
         let url = self.url(repo, "manifests", reference)?;
-        let req = self.http.get(&url).header(reqwest::header::ACCEPT, OCI_MANIFEST);
+        let req = self.http.get(&url).header(reqwest::header::ACCEPT, accept);
         let resp = self.send("GET", &url, req).await?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Err(not_found("manifest", repo, reference, url));

@@ -44,13 +44,23 @@ impl Registry {
     /// given, and waits until it answers `GET /v2/`. With a namespace, `ip` must be reachable
     /// from the caller's namespace, since readiness is checked from here.
     pub async fn start(ip: IpAddr, netns: Option<&str>) -> Result<Self> {
+        Self::start_with(ip, netns, None).await
+    }
+
+    /// [`Registry::start`] on `ip`, asking for HTTP basic credentials of the `htpasswd` file
+    /// (bcrypt entries, `htpasswd -B`) for every request.
+    pub async fn start_with_htpasswd(ip: IpAddr, htpasswd: &Path) -> Result<Self> {
+        Self::start_with(ip, None, Some(htpasswd)).await
+    }
+
+    async fn start_with(ip: IpAddr, netns: Option<&str>, htpasswd: Option<&Path>) -> Result<Self> {
         if find_registry().is_none() {
             return Err(Error::NotInstalled);
         }
         let http = http_client()?;
         let mut attempt = 1;
         loop {
-            let mut registry = Self::spawn(ip, netns)?;
+            let mut registry = Self::spawn(ip, netns, htpasswd)?;
             match registry.wait_ready(&http).await {
                 Ok(()) => {
                     info!(url = %registry.url(), pid = registry.pid(), netns, "registry ready");
@@ -69,7 +79,7 @@ impl Registry {
         }
     }
 
-    fn spawn(ip: IpAddr, netns: Option<&str>) -> Result<Self> {
+    fn spawn(ip: IpAddr, netns: Option<&str>, htpasswd: Option<&Path>) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("hpk-registry-").tempdir().map_err(|source| {
             Error::File { action: "creating a temp dir in", path: std::env::temp_dir(), source }
         })?;
@@ -79,7 +89,11 @@ impl Registry {
         // Which registry answers: another test's registry may hold the port this one picked
         // (both probed it free; the other bound first), and its 200 must not count as ours.
         let instance = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        write(&config, config_yaml(addr, &storage, &instance).as_bytes())?;
+        let mut yaml = config_yaml(addr, &storage, &instance);
+        if let Some(file) = htpasswd {
+            yaml.push_str(&htpasswd_yaml(file));
+        }
+        write(&config, yaml.as_bytes())?;
         let mut cmd = match netns {
             // `ip netns exec` execs the registry, so the child's PID is the registry's own.
             Some(ns) => {
@@ -111,8 +125,10 @@ impl Registry {
                 return Err(Error::Exited { addr: self.addr, status, log_tail: self.log_tail() });
             }
             match http.get(&url).timeout(Duration::from_secs(2)).send().await {
+                // With credentials required, an anonymous GET is answered 401.
                 Ok(r)
-                    if r.status() == reqwest::StatusCode::OK
+                    if (r.status() == reqwest::StatusCode::OK
+                        || r.status() == reqwest::StatusCode::UNAUTHORIZED)
                         && r.headers()
                             .get(INSTANCE_HEADER)
                             .is_some_and(|v| v.as_bytes() == self.instance.as_bytes()) =>
@@ -228,6 +244,12 @@ health:
         storage = quote(&storage.to_string_lossy()),
         addr = quote(&addr.to_string()),
     )
+}
+
+/// The config's section asking for the credentials of an htpasswd file.
+fn htpasswd_yaml(file: &Path) -> String {
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    format!("auth:\n  htpasswd:\n    realm: hpk-test\n    path: {}\n", quote(&file.to_string_lossy()))
 }
 
 #[cfg(test)]

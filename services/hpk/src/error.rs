@@ -56,6 +56,14 @@ pub enum Error {
         /// Its exit status and log tail.
         detail: String,
     },
+    /// An image registry could not be reached, or refused what was asked.
+    #[error("registry {registry}: {detail}")]
+    Registry {
+        /// The registry (`host[:port]`).
+        registry: String,
+        /// What happened, and what was or was not changed there.
+        detail: String,
+    },
     /// The certificates could not be made.
     #[error("certificates: {0}")]
     Certificate(#[from] rcgen::Error),
@@ -85,7 +93,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::Prerequisite { .. } | Self::Invalid(_) | Self::Image { .. } => 78,
-            Self::NotReady { .. } | Self::Failed { .. } => 69,
+            Self::NotReady { .. } | Self::Failed { .. } | Self::Registry { .. } => 69,
             _ => 1,
         }
     }

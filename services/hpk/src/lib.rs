@@ -12,6 +12,7 @@ pub mod image;
 pub mod init;
 pub mod local;
 pub mod preflight;
+pub mod push;
 pub mod shell;
 pub mod slurm;
 pub mod tainer;

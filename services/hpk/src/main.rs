@@ -22,6 +22,9 @@ enum Cmd {
     /// Inside a bubble: ad-hoc containers with a pod address (also installed as `hpktainer`).
     #[command(subcommand)]
     Tainer(hpk::tainer::TainerCmd),
+    /// Images: push the bubble's (one per platform) to a registry as one multi-platform image.
+    #[command(subcommand)]
+    Image(hpk::push::ImageCmd),
     /// Run one bubble in the foreground until SIGTERM (what hpk up and hpk.slurm start).
     Bubble(hpk::bubble::BubbleArgs),
     /// HPK in a Slurm job: what `slurm/hpk.slurm` runs (the batch step and each node's task).
@@ -85,6 +88,9 @@ fn main() {
         Cmd::Down(args) => hpk::local::down(&args).map(|()| 0),
         Cmd::Status(args) => runtime().and_then(|rt| rt.block_on(hpk::local::status(&args))).map(|()| 0),
         Cmd::Shell(args) => hpk::shell::run(&args),
+        Cmd::Image(hpk::push::ImageCmd::Push(args)) => {
+            runtime().and_then(|rt| rt.block_on(hpk::push::run(&args)))
+        }
         Cmd::Tainer(hpk::tainer::TainerCmd::Run(args)) => {
             runtime().and_then(|rt| rt.block_on(hpk::tainer::run(&args)))
         }
