@@ -1,5 +1,7 @@
-//! The node's pod CIDR and which of its addresses pods may get.
+//! The node's pod CIDR and which of its addresses pods may get; [`CidrIndex`], which network of
+//! many holds an address.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
@@ -75,6 +77,43 @@ impl fmt::Display for PodCidr {
     }
 }
 
+/// Which of a list of networks holds an address, in one hash lookup per prefix length in use
+/// (one, /24, in a cluster) instead of a comparison with every network: the tunnel's sending
+/// thread finds each packet's peer with it, so its cost per packet does not grow with the nodes.
+#[derive(Debug, Clone, Default)]
+pub struct CidrIndex {
+    /// Per prefix length, longest first: network address → position in the list.
+    by_prefix: Vec<(u8, HashMap<u32, usize>)>,
+}
+
+impl CidrIndex {
+    /// The index of `networks`, in their order. Of networks that overlap (the peers' are checked
+    /// not to), the longest prefix wins, and of equal ones the first.
+    pub fn new<'a>(networks: impl IntoIterator<Item = &'a PodCidr>) -> Self {
+        let mut by_prefix: Vec<(u8, HashMap<u32, usize>)> = Vec::new();
+        for (i, cidr) in networks.into_iter().enumerate() {
+            let map = match by_prefix.iter().position(|(p, _)| *p == cidr.prefix) {
+                Some(at) => &mut by_prefix[at].1,
+                None => {
+                    by_prefix.push((cidr.prefix, HashMap::new()));
+                    &mut by_prefix.last_mut().expect("just pushed").1
+                }
+            };
+            map.entry(cidr.network).or_insert(i);
+        }
+        by_prefix.sort_by_key(|(prefix, _)| std::cmp::Reverse(*prefix));
+        Self { by_prefix }
+    }
+
+    /// The position of the network that holds `addr`, if one does.
+    pub fn find(&self, addr: Ipv4Addr) -> Option<usize> {
+        let addr = u32::from(addr);
+        self.by_prefix
+            .iter()
+            .find_map(|(prefix, map)| map.get(&(addr & (u32::MAX << (32 - u32::from(*prefix))))).copied())
+    }
+}
+
 /// Why a pod CIDR was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pod CIDR {input:?}: {reason}")]
@@ -126,6 +165,37 @@ mod tests {
         let cidr: PodCidr = "192.168.7.4/30".parse().expect("valid");
         assert_eq!(cidr.pod_capacity(), 1);
         assert_eq!(cidr.pod_address(0), Some(Ipv4Addr::new(192, 168, 7, 6)));
+    }
+
+    #[test]
+    fn the_index_finds_what_a_scan_finds() {
+        // A thousand nodes' /24s, and a /16 and a /28 elsewhere.
+        let mut networks: Vec<PodCidr> = (0..1000u32)
+            .map(|i| format!("10.{}.{}.0/24", 244 + i / 256, i % 256).parse().expect("valid"))
+            .collect();
+        networks.push("172.16.0.0/16".parse().expect("valid"));
+        networks.push("192.168.9.16/28".parse().expect("valid"));
+        let index = CidrIndex::new(&networks);
+        let scan = |a: Ipv4Addr| networks.iter().position(|c| c.contains(a));
+        let mut probes = vec![
+            Ipv4Addr::new(10, 244, 0, 7),
+            Ipv4Addr::new(10, 247, 231, 254),
+            Ipv4Addr::new(10, 247, 232, 1), // the 1,001st /24: no node has it
+            Ipv4Addr::new(172, 16, 200, 3),
+            Ipv4Addr::new(192, 168, 9, 17),
+            Ipv4Addr::new(192, 168, 9, 32),
+            Ipv4Addr::new(8, 8, 8, 8),
+        ];
+        probes.extend((0..5000u32).map(|i| Ipv4Addr::from(0x0af4_0000 + i * 53)));
+        for a in probes {
+            assert_eq!(index.find(a), scan(a), "{a}");
+        }
+        assert_eq!(index.find(Ipv4Addr::new(10, 244, 3, 9)), Some(3));
+        assert_eq!(CidrIndex::new(&[]).find(Ipv4Addr::new(10, 244, 0, 1)), None);
+        // Overlapping (never so among peers): the longer prefix, then the first.
+        let a: PodCidr = "10.0.0.0/8".parse().expect("valid");
+        let b: PodCidr = "10.1.0.0/16".parse().expect("valid");
+        assert_eq!(CidrIndex::new(&[a, b, b]).find(Ipv4Addr::new(10, 1, 2, 3)), Some(1));
     }
 
     #[test]

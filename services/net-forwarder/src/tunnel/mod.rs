@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use hpk_proto::netforwarder::v1 as pb;
 use tracing::{info, warn};
 
-use crate::cidr::PodCidr;
+use crate::cidr::{CidrIndex, PodCidr};
 use crate::peers::Peer;
 use crate::tuntap::{Device, Kind, Options, VNET_HDR_LEN};
 use crate::{Error, Result};
@@ -125,9 +125,28 @@ pub struct Tunnel {
     endpoint: SocketAddrV4,
     own: PodCidr,
     identity: Identity,
-    routes: Arc<RwLock<Vec<Route>>>,
+    routes: Arc<RwLock<RouteTable>>,
     senders: Arc<Mutex<Senders>>,
     counters: Arc<Counters>,
+}
+
+/// The peers, and the index that finds a packet's peer by its destination.
+#[derive(Default)]
+struct RouteTable {
+    routes: Vec<Route>,
+    index: CidrIndex,
+}
+
+impl RouteTable {
+    fn new(routes: Vec<Route>) -> Self {
+        let index = CidrIndex::new(routes.iter().map(|r| &r.peer.pod_cidr));
+        Self { routes, index }
+    }
+
+    /// The peer whose pod CIDR holds `dst`.
+    fn find(&self, dst: Ipv4Addr) -> Option<&Route> {
+        self.index.find(dst).map(|i| &self.routes[i])
+    }
 }
 
 impl Tunnel {
@@ -166,7 +185,7 @@ impl Tunnel {
             _device: device,
             endpoint,
             own,
-            routes: Arc::new(RwLock::new(Vec::new())),
+            routes: Arc::new(RwLock::new(RouteTable::default())),
             senders: Arc::new(Mutex::new(Senders::new())),
             counters: Arc::new(Counters::default()),
             identity,
@@ -213,7 +232,8 @@ impl Tunnel {
     /// node's own) are refused, logged and counted. A peer whose node and CIDR are unchanged
     /// keeps its counters; one whose public key is unchanged keeps its keys and its window.
     pub fn set_peers(&self, peers: &[Peer]) -> Vec<Peer> {
-        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        let routes = &table.routes;
         let mut next = Vec::with_capacity(peers.len());
         for peer in peers {
             let known = routes.iter().find(|r| r.peer.public_key == peer.public_key).map(|r| r.keys.clone());
@@ -241,13 +261,13 @@ impl Tunnel {
         }
         self.senders.lock().unwrap_or_else(|p| p.into_inner()).replace(&next);
         let taken = next.iter().map(|r| r.peer.clone()).collect();
-        *routes = next;
+        *table = RouteTable::new(next);
         taken
     }
 
     /// The peer table.
     pub fn routes(&self) -> Vec<Route> {
-        self.routes.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.routes.read().unwrap_or_else(|p| p.into_inner()).routes.clone()
     }
 
     /// The counter of refused peers, for whoever reads the peers.
@@ -334,7 +354,7 @@ struct TxRelay {
     device: std::fs::File,
     sender: udp::Sender,
     sealer: Sealer,
-    routes: Arc<RwLock<Vec<Route>>>,
+    routes: Arc<RwLock<RouteTable>>,
     counters: Arc<Counters>,
 }
 
@@ -361,7 +381,7 @@ impl TxRelay {
             };
             let (endpoint, peer, keys) = {
                 let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-                match routes.iter().find(|r| r.peer.pod_cidr.contains(dst)) {
+                match routes.find(dst) {
                     Some(r) => (r.peer.endpoint, r.counters.clone(), r.keys.clone()),
                     None => {
                         self.counters.tx_dropped_no_route.fetch_add(1, Relaxed);
