@@ -30,6 +30,27 @@ fn net_forwarder() -> PathBuf {
     path
 }
 
+/// Waits until process `pid` (an `unshare --net …` just spawned) is in a network namespace of
+/// its own. Until unshare(2) has run, /proc/PID/ns/net is still this test's namespace, and an
+/// `ip addr add` sent "into the bubble" would land on the host (seen in CI: 10.250.99.1 on the
+/// host's lo).
+fn wait_for_own_network_namespace(pid: u32) {
+    let ours = std::fs::read_link("/proc/self/ns/net").expect("this test's network namespace");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            Ok(theirs) if theirs != ours => return,
+            Ok(_) => {}
+            Err(e) => panic!("process {pid} (unshare --net) is gone: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} has no network namespace of its own after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn in_bubble(bubble: u32, program: &str) -> Command {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net=/proc/{bubble}/ns/net")).arg("--").arg(program);
@@ -64,6 +85,7 @@ async fn pods_get_addresses_and_reach_each_other() {
             Command::new("unshare").args(["--net", "sleep", "infinity"]).spawn().expect("unshare --net"),
         );
         let bubble_pid = bubble.0.id();
+        wait_for_own_network_namespace(bubble_pid);
         // A bubble has an address of its own (slirp4netns' in production): traffic it sends
         // to pods comes from there.
         for args in [&["link", "set", "lo", "up"][..], &["addr", "add", "10.250.99.1/32", "dev", "lo"][..]] {
