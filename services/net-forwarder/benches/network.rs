@@ -7,9 +7,17 @@
 //! 3. baseline B: host → host TCP on the test link (two namespaces, "test hosts", joined by a
 //!    veth pair, MTU 1500);
 //! 4. pod → pod across bubbles: on each test host a bubble running `serve` with the tunnel, its
-//!    UDP socket bound on the host by `tunnel-socket`; goal ≥ 60 % of 3;
-//! 5. the seed's cross-node path: a bubble on host 1 whose link is slirp4netns, to host 2;
-//!    reported as a ratio to 4.
+//!    UDP sockets bound on the host by `tunnel-socket`, with its default queues (one per CPU);
+//!    goal ≥ 60 % of 3, and at most 8 % of a core per Gbit/s;
+//! 5. the same with one queue (`--tunnel-queues 1`, what the tunnel had before it had queues);
+//! 6. the seed's cross-node path: a bubble on host 1 whose link is slirp4netns, to host 2;
+//!    reported as a ratio to 4;
+//! 7. baseline C: host → host TCP on a second test link of MTU 9000 (jumbo frames);
+//! 8. pod → pod across bubbles over that link (`--tunnel-mtu 9000`); goal ≥ 80 % of 7.
+//!
+//! `HPK_BENCH_NET_FORWARDER=PATH` runs another build of the net-forwarder on paths 2, 4, 5 and
+//! 8 (an older one fails path 5: it has no queues), to compare builds against the same
+//! baselines.
 //!
 //! Throughput: one iperf3 TCP stream per round, rounds interleaved across the paths so that
 //! load from elsewhere on the machine spreads over all of them. Round trips: `ping -i 0.01`.
@@ -39,6 +47,9 @@ const IPERF_PORT: u16 = 5201;
 const TUNNEL_PORT: u16 = 47001;
 const HOST1: Ipv4Addr = Ipv4Addr::new(10, 251, 2, 1);
 const HOST2: Ipv4Addr = Ipv4Addr::new(10, 251, 2, 2);
+const JUMBO: u32 = 9000;
+const HOST3: Ipv4Addr = Ipv4Addr::new(10, 251, 4, 1);
+const HOST4: Ipv4Addr = Ipv4Addr::new(10, 251, 4, 2);
 
 struct Settings {
     rounds: usize,
@@ -170,14 +181,24 @@ fn run(settings: &Settings) -> Result<bool> {
     veth(&h1, &End { ns: &host2, name: "link1", address: "10.251.2.2/24" }, MTU)?;
     let host_link = Probe::new(&host1, &host2, iperf3_at(HOST2), vec![])?;
 
-    // 4. Pod → pod across bubbles, one on each test host.
+    // 4. Pod → pod across bubbles, one on each test host: the tunnel with its default queues
+    // (one per CPU), and with one.
     let key_dir = tempfile::tempdir()?;
-    let across = if bubble::has_tunnel() {
-        Some(Across::start(&host1, &host2, key_dir.path()).context("path 4")?)
-    } else {
-        None
+    let tunnel = bubble::has_tunnel();
+    let start = |queues: Option<u32>, cidrs: [&'static str; 2], port: u16| {
+        let link = Link { hosts: [&host1, &host2], addrs: [HOST1, HOST2], mtu: MTU };
+        tunnel.then(|| Across::start(&link, key_dir.path(), queues, cidrs, port)).transpose()
     };
+    let across = start(None, ["10.251.11.0/24", "10.251.12.0/24"], TUNNEL_PORT).context("path 4")?;
     let across_probe = across.as_ref().map(Across::probe).transpose()?;
+    // Another build (HPK_BENCH_NET_FORWARDER) may have no queues to ask for.
+    let other_build = std::env::var_os("HPK_BENCH_NET_FORWARDER").is_some();
+    let one_queue = if other_build {
+        None
+    } else {
+        start(Some(1), ["10.251.15.0/24", "10.251.16.0/24"], TUNNEL_PORT + 1).context("path 5")?
+    };
+    let one_queue_probe = one_queue.as_ref().map(Across::probe).transpose()?;
 
     // 5. Through slirp4netns from a bubble on host 1 to host 2.
     let slirp = if on_path("slirp4netns") {
@@ -193,15 +214,40 @@ fn run(settings: &Settings) -> Result<bool> {
         .map(|s| Probe::new(s, &host2, SocketAddrV4::new(HOST2, IPERF_PORT + 1), vec![s.slirp_pid()]))
         .transpose()?;
 
-    let probes =
-        [Some(&veth_pair), Some(&one_bubble), Some(&host_link), across_probe.as_ref(), slirp_probe.as_ref()];
-    let mut rows = rows(across.is_some(), slirp.is_some());
+    // 7. Baseline C: host → host TCP on a test link of MTU 9000 (jumbo frames).
+    let (host3, host4) = (Namespace::new(&Own)?, Namespace::new(&Own)?);
+    let h3 = End { ns: &host3, name: "jumbo0", address: "10.251.4.1/24" };
+    veth(&h3, &End { ns: &host4, name: "jumbo1", address: "10.251.4.2/24" }, JUMBO)?;
+    let jumbo_link = Probe::new(&host3, &host4, iperf3_at(HOST4), vec![])?;
+
+    // 8. Pod → pod across bubbles over that link, the tunnel cutting 9000-byte datagrams.
+    let link = Link { hosts: [&host3, &host4], addrs: [HOST3, HOST4], mtu: JUMBO };
+    let cidrs = ["10.251.13.0/24", "10.251.14.0/24"];
+    let jumbo = tunnel
+        .then(|| Across::start(&link, key_dir.path(), None, cidrs, TUNNEL_PORT + 2))
+        .transpose()
+        .context("path 8")?;
+    let jumbo_probe = jumbo.as_ref().map(Across::probe).transpose()?;
+
+    let probes = [
+        Some(&veth_pair),
+        Some(&one_bubble),
+        Some(&host_link),
+        across_probe.as_ref(),
+        one_queue_probe.as_ref(),
+        slirp_probe.as_ref(),
+        Some(&jumbo_link),
+        jumbo_probe.as_ref(),
+    ];
+    let mut rows = rows(across.is_some(), one_queue.is_some(), slirp.is_some());
     measure_all(&probes, &mut rows, settings, tick);
 
     let ratios = [
         Ratio { path: 1, base: 0, goal: Some(0.9) },
         Ratio { path: 3, base: 2, goal: Some(0.6) },
-        Ratio { path: 3, base: 4, goal: None },
+        Ratio { path: 4, base: 2, goal: None },
+        Ratio { path: 3, base: 5, goal: None },
+        Ratio { path: 7, base: 6, goal: Some(0.8) },
     ];
     println!(
         "\nRun of {} ({} rounds of {} s, {} pings per path).",
@@ -216,15 +262,17 @@ fn run(settings: &Settings) -> Result<bool> {
         std::fs::read_to_string("/proc/loadavg")?.trim()
     );
     print!("{}", support::report::table(&rows, &ratios, settings.rounds));
-    if let Some(across) = &across {
-        println!("\n{}", across.counters()?);
+    for (name, a) in [("path 4", &across), ("path 5", &one_queue), ("path 8", &jumbo)] {
+        if let Some(a) = a {
+            println!("\n{name}: {}", a.counters()?);
+        }
     }
     Ok(rows
         .iter()
         .all(|r| r.result.is_ok() || r.result.as_ref().is_err_and(|e| e.starts_with("not available"))))
 }
 
-fn rows(tunnel: bool, slirp: bool) -> Vec<Row> {
+fn rows(tunnel: bool, one_queue: bool, slirp: bool) -> Vec<Row> {
     let available = |yes: bool, why: &str| {
         if yes { Ok(Measured::default()) } else { Err(format!("not available: {why}")) }
     };
@@ -245,14 +293,29 @@ fn rows(tunnel: bool, slirp: bool) -> Vec<Row> {
             result: available(true, ""),
         },
         Row {
-            label: "pod → pod across bubbles (hpk-net-forwarder tunnel over the test link)",
+            label: "pod → pod across bubbles (hpk-net-forwarder tunnel over the test link, default queues)",
             relay: Some("2 × hpk-net-forwarder"),
             result: available(tunnel, "this hpk-net-forwarder has no `tunnel-socket`"),
+        },
+        Row {
+            label: "pod → pod across bubbles, the tunnel with one queue (--tunnel-queues 1)",
+            relay: Some("2 × hpk-net-forwarder"),
+            result: available(one_queue, "another build (HPK_BENCH_NET_FORWARDER), maybe without queues"),
         },
         Row {
             label: "bubble on host 1 → host 2 through slirp4netns (the seed's cross-node path)",
             relay: Some("slirp4netns"),
             result: available(slirp, "slirp4netns is not installed"),
+        },
+        Row {
+            label: "baseline C: host → host TCP on a test link of MTU 9000 (veth)",
+            relay: None,
+            result: available(true, ""),
+        },
+        Row {
+            label: "pod → pod across bubbles over the MTU 9000 link (--tunnel-mtu 9000)",
+            relay: Some("2 × hpk-net-forwarder"),
+            result: available(tunnel, "this hpk-net-forwarder has no `tunnel-socket`"),
         },
     ]
 }
@@ -280,7 +343,14 @@ fn measure_all(probes: &[Option<&Probe<'_>>], rows: &mut [Row], settings: &Setti
     }
 }
 
-/// Path 4: a bubble with the tunnel on each test host, a pod in each.
+/// Two test hosts and the link between them.
+struct Link<'a> {
+    hosts: [&'a dyn Netns; 2],
+    addrs: [Ipv4Addr; 2],
+    mtu: u32,
+}
+
+/// Paths 4, 5 and 8: a bubble with the tunnel on each test host, a pod in each.
 struct Across {
     bubbles: [Bubble; 2],
     pods: [bubble::Pod; 2],
@@ -288,24 +358,31 @@ struct Across {
 }
 
 impl Across {
-    fn start(host1: &dyn Netns, host2: &dyn Netns, key_dir: &Path) -> Result<Self> {
-        let keys = [key_dir.join("host1.key"), key_dir.join("host2.key")];
+    fn start(
+        link: &Link<'_>,
+        key_dir: &Path,
+        queues: Option<u32>,
+        cidrs: [&str; 2],
+        port: u16,
+    ) -> Result<Self> {
+        let keys = [key_dir.join(format!("{port}-1.key")), key_dir.join(format!("{port}-2.key"))];
         let public = [bubble::gen_key(&keys[0])?, bubble::gen_key(&keys[1])?];
-        let cidrs = ["10.251.11.0/24", "10.251.12.0/24"];
-        let endpoint = |host: Ipv4Addr| SocketAddrV4::new(host, TUNNEL_PORT);
+        let endpoint = |host: Ipv4Addr| SocketAddrV4::new(host, port);
         let tunnel = |own: usize| Tunnel {
-            bind: endpoint([HOST1, HOST2][own]),
+            bind: endpoint(link.addrs[own]),
             key: &keys[own],
             peers: vec![format!(
                 "host{}={}@{}/{}",
                 2 - own,
                 cidrs[1 - own],
-                endpoint([HOST1, HOST2][1 - own]),
+                endpoint(link.addrs[1 - own]),
                 public[1 - own]
             )],
+            queues,
+            link_mtu: link.mtu,
         };
-        let mut b1 = Bubble::start(host1, cidrs[0], Some(tunnel(0))).context("bubble on host 1")?;
-        let mut b2 = Bubble::start(host2, cidrs[1], Some(tunnel(1))).context("bubble on host 2")?;
+        let mut b1 = Bubble::start(link.hosts[0], cidrs[0], Some(tunnel(0))).context("bubble on host 1")?;
+        let mut b2 = Bubble::start(link.hosts[1], cidrs[1], Some(tunnel(1))).context("bubble on host 2")?;
         let (pod1, _) = b1.pod("bench-across-a")?;
         let (pod2, server) = b2.pod("bench-across-b")?;
         Ok(Across { bubbles: [b1, b2], pods: [pod1, pod2], server })

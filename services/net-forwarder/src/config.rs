@@ -30,10 +30,19 @@ pub struct ServeArgs {
     #[arg(long, env = "HPK_POD_MTU", default_value_t = 1500,
           value_parser = clap::value_parser!(u32).range(MIN_MTU as i64..=MAX_MTU as i64))]
     pub mtu: u32,
-    /// The tunnel's UDP socket, inherited from `hpk-net-forwarder tunnel-socket`, which bound it
-    /// in the host's network namespace before the bubble was entered.
-    #[arg(long, env = "HPK_TUNNEL_FD", conflicts_with = "tunnel_listen")]
-    pub tunnel_fd: Option<i32>,
+    /// The tunnel's UDP sockets, inherited from `hpk-net-forwarder tunnel-socket`, which bound
+    /// them in the host's network namespace before the bubble was entered: one descriptor, or
+    /// the comma-separated descriptors of a reuse-port group in the order they joined it (one
+    /// receiving thread each).
+    #[arg(long, env = "HPK_TUNNEL_FD", conflicts_with = "tunnel_listen", value_delimiter = ',')]
+    pub tunnel_fd: Vec<i32>,
+    /// Queues of the tunnel's TUN device, each with a thread that seals and sends what the
+    /// kernel puts on it (one flow stays on one queue); 1 to 16. By default one per CPU this
+    /// process may use (the allocation's), at most 16. With --tunnel-listen, as many sockets
+    /// are bound, one receiving thread each.
+    #[arg(long, env = "HPK_TUNNEL_QUEUES",
+          value_parser = clap::value_parser!(u32).range(1..=crate::tunnel::chunks::LANES as i64))]
+    pub tunnel_queues: Option<u32>,
     /// Bind the tunnel's UDP socket here, in the net-forwarder's own namespace (for a
     /// net-forwarder that runs without a bubble).
     #[arg(long, env = "HPK_TUNNEL_LISTEN")]

@@ -24,13 +24,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the NetForwarder API on a UNIX socket until SIGTERM or SIGINT.
-    Serve(ServeArgs),
-    /// Bind the tunnel's UDP socket in this (the host's) network namespace, then run COMMAND
-    /// (the one that enters the bubble and serves) with it open; HPK_TUNNEL_FD says which fd.
+    Serve(Box<ServeArgs>),
+    /// Bind the tunnel's UDP sockets in this (the host's) network namespace, then run COMMAND
+    /// (the one that enters the bubble and serves) with them open; HPK_TUNNEL_FD says which fds.
     TunnelSocket {
         /// Address and port to bind; port 0 picks a free one.
         #[arg(long)]
         bind: SocketAddrV4,
+        /// Sockets to bind, a reuse-port group on one port (one receiving thread each in
+        /// `serve`); 1 to 16. By default one per CPU this process may use, at most 16.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+        queues: Option<u32>,
         /// The command to run, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -58,8 +62,9 @@ fn main() -> ExitCode {
     hpk_rpc::limits::raise_nofile_or_warn();
     // Before any thread exists: the socket is bound and the process replaced.
     let result = match cli.command {
-        Command::TunnelSocket { bind, command } => {
-            Err(hpk_net_forwarder::inherit::exec_with_socket(bind, &command))
+        Command::TunnelSocket { bind, queues, command } => {
+            let queues = queues.map(|q| q as usize).unwrap_or_else(hpk_net_forwarder::tunnel::default_queues);
+            Err(hpk_net_forwarder::inherit::exec_with_socket(bind, queues, &command))
         }
         Command::TunnelPrivateKey { path } => {
             hpk_net_forwarder::tunnel::keyfile::generate(&path).map(|id| println!("{}", id.public()))
@@ -67,7 +72,7 @@ fn main() -> ExitCode {
         Command::TunnelPublicKey { private_key_file } => {
             hpk_net_forwarder::tunnel::keyfile::load(&private_key_file).map(|id| println!("{}", id.public()))
         }
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::OpenTap(args) => hpk_net_forwarder::tap::helper::serve_open_tap(&args),
     };
     match result {

@@ -82,8 +82,9 @@ async fn start_tunnel(
     cidr: PodCidr,
     opened: Option<TunnelSocket>,
 ) -> Result<Option<(Arc<Tunnel>, Routes)>> {
-    let Some(TunnelSocket { identity, socket, endpoint }) = opened else { return Ok(None) };
-    let tunnel = Arc::new(Tunnel::start(socket, endpoint, identity, cidr, args.tunnel_mtu)?);
+    let Some(TunnelSocket { identity, sockets, endpoint }) = opened else { return Ok(None) };
+    let queues = queues(args);
+    let tunnel = Arc::new(Tunnel::start(sockets, endpoint, identity, cidr, args.tunnel_mtu, queues)?);
     let routes = Routes::open().await?;
     routes.configure_device(args.mtu).await?;
     let refused = apply_peers(&tunnel, &routes, args.peers.clone()).await?;
@@ -94,14 +95,19 @@ async fn start_tunnel(
 /// The tunnel's key pair, its socket and the endpoint other nodes send to.
 struct TunnelSocket {
     identity: Identity,
-    socket: std::net::UdpSocket,
+    sockets: Vec<std::net::UdpSocket>,
     endpoint: SocketAddrV4,
+}
+
+/// The tunnel's queues: `--tunnel-queues`, else one per CPU of the process's.
+fn queues(args: &ServeArgs) -> usize {
+    args.tunnel_queues.map(|q| q as usize).unwrap_or_else(crate::tunnel::default_queues)
 }
 
 /// Reads the key and claims (or binds) the tunnel's socket, when a tunnel is asked for; changes
 /// nothing in the network namespace.
 fn open_tunnel_socket(args: &ServeArgs) -> Result<Option<TunnelSocket>> {
-    if args.tunnel_fd.is_none() && args.tunnel_listen.is_none() {
+    if args.tunnel_fd.is_empty() && args.tunnel_listen.is_none() {
         if !args.peers.is_empty() {
             return Err(Error::Config("--peer needs a tunnel (--tunnel-fd or --tunnel-listen)".into()));
         }
@@ -112,10 +118,21 @@ fn open_tunnel_socket(args: &ServeArgs) -> Result<Option<TunnelSocket>> {
         Some(path) => keyfile::load(path)?,
         None => Identity::generate()?,
     };
-    let (socket, local) = match (args.tunnel_fd, args.tunnel_listen) {
-        (Some(fd), _) => crate::inherit::claim(fd)?,
-        (None, Some(addr)) => crate::inherit::bind(addr)?,
-        (None, None) => return Ok(None),
+    let (sockets, local) = match (args.tunnel_fd.as_slice(), args.tunnel_listen) {
+        ([], Some(addr)) => {
+            let sockets = crate::inherit::bind_group(addr, queues(args))?;
+            let local = match sockets[0].local_addr() {
+                Ok(std::net::SocketAddr::V4(local)) => local,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "the tunnel socket bound to {addr} has no IPv4 address"
+                    )));
+                }
+            };
+            (sockets, local)
+        }
+        ([], None) => return Ok(None),
+        (fds, _) => crate::inherit::claim_all(fds)?,
     };
     let endpoint = match (local.ip().is_unspecified(), args.tunnel_advertise) {
         (_, Some(ip)) => SocketAddrV4::new(ip, local.port()),
@@ -127,7 +144,7 @@ fn open_tunnel_socket(args: &ServeArgs) -> Result<Option<TunnelSocket>> {
             )));
         }
     };
-    Ok(Some(TunnelSocket { identity, socket, endpoint }))
+    Ok(Some(TunnelSocket { identity, sockets, endpoint }))
 }
 
 /// Routes the other nodes as the Kubernetes API shows them (plus the static `--peer`s), for as

@@ -36,6 +36,7 @@ const IFF_TUN: libc::c_short = 0x0001;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
 // _IOW('T', 202, int), _IOW('T', 203, int), _IOW('T', 208, unsigned int), _IOW('T', 216, int), the
 // same numbers on x86_64 and aarch64; of the request's type, unsigned long for glibc, int for musl.
 const TUNSETIFF: libc::Ioctl = 0x4004_54ca;
@@ -64,6 +65,9 @@ pub struct Options {
     /// Prefix each packet with a `virtio_net_hdr` and accept TCP segmentation and checksum
     /// offloads (GSO packets up to 64 KiB).
     pub vnet_hdr: bool,
+    /// A multi-queue device (IFF_MULTI_QUEUE): every [`Device::create`] of the same name adds a
+    /// queue with its own descriptor, and the kernel hands each flow's packets to one queue.
+    pub multi_queue: bool,
 }
 
 /// An open TUN/TAP device; the interface disappears when this is dropped (and no other
@@ -103,6 +107,9 @@ impl Device {
             };
         if options.vnet_hdr {
             req.flags |= IFF_VNET_HDR;
+        }
+        if options.multi_queue {
+            req.flags |= IFF_MULTI_QUEUE;
         }
         // SAFETY: `file` is an open /dev/net/tun descriptor and `req` a properly laid out,
         // initialised `struct ifreq` that outlives the call; TUNSETIFF only reads and writes it.
@@ -269,8 +276,8 @@ mod tests {
     #[test]
     fn refuses_bad_names() {
         for name in ["", "sixteen-chars-xx", "a/b", "a b"] {
-            let e =
-                Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false }).expect_err("a bad name");
+            let e = Device::create(name, Options { kind: Kind::Tun, vnet_hdr: false, multi_queue: false })
+                .expect_err("a bad name");
             assert!(matches!(e, Error::InvalidArgument(_)), "{name:?}: {e}");
         }
     }

@@ -110,6 +110,7 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         key: &key_a,
         peers: vec![format!("b={CIDR_B}@{}:{port_b}/{public_b}", hosts.addr(1))],
         metrics: Some("127.0.0.1:9560"),
+        queues: None,
     };
     let serve_b = TunnelServe {
         hosts: &hosts,
@@ -119,6 +120,7 @@ async fn pods_on_two_hosts_talk_through_the_tunnel_not_slirp() {
         key: &key_b,
         peers: vec![format!("a={CIDR_A}@{}:{port_a}/{public_a}", hosts.addr(0))],
         metrics: None,
+        queues: None,
     };
     let server_a = bubble_a.serve_tunnel(&serve_a).await;
     let server_b = bubble_b.serve_tunnel(&serve_b).await;
@@ -368,6 +370,21 @@ fn bad_tunnel_set_ups_fail_clearly() {
     let (code, err) = serve_exits(true, &["--tunnel-listen", "0.0.0.0:0", "--tunnel-private-key-file", key]);
     assert!(code != 0 && err.contains("--tunnel-advertise"), "{code}: {err}");
 
+    // Queues: 1 to 16; descriptors: a comma-separated list, each named once.
+    for q in ["0", "17", "many"] {
+        let (code, err) = serve_fails(&["--tunnel-queues", q]);
+        assert!(code != 0 && err.contains("--tunnel-queues"), "{q}: {code}: {err}");
+    }
+    let (code, err) = serve_exits(false, &["--tunnel-fd", "1000,1000"]);
+    assert!(code != 0 && err.contains("named twice"), "{code}: {err}");
+    let (code, err) = serve_exits(false, &["--tunnel-fd", "3,x"]);
+    assert!(code != 0 && err.contains("--tunnel-fd"), "{code}: {err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
+        .args(["tunnel-socket", "--bind", "127.0.0.1:0", "--queues", "0", "--", "true"])
+        .output()
+        .expect("tunnel-socket");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--queues"));
+
     let (code, err) = serve_fails(&["--tunnel-private-key-file", key, "--tunnel-fd", "0"]);
     assert!(code != 0 && err.contains("cannot be used with"), "{code}: {err}");
 
@@ -436,9 +453,10 @@ fn sealed(sealer: &mut Sealer, keys: &PairKeys, src: Ipv4Addr, dst: SocketAddrV4
     let payload = VNET_HDR_LEN + packet.len();
     let mut message = vec![0u8; HEADER_LEN + payload + TAG_LEN];
     message[HEADER_LEN + VNET_HDR_LEN..HEADER_LEN + payload].copy_from_slice(&packet);
-    let n = sealer.seal(&keys.seal, &mut message, payload).expect("seal");
-    message.truncate(n);
-    let mut datagram = Cutter::new(1500).expect("MTU").header(sealer.counter() as u32, 0, 1).to_vec();
+    let sealed = sealer.seal(&keys.seal, &mut message, payload).expect("seal");
+    message.truncate(sealed.len);
+    let id = hpk_net_forwarder::tunnel::chunks::message_id(sealed.counter, 0);
+    let mut datagram = Cutter::new(1500).expect("MTU").header(id, 0, 1).to_vec();
     datagram.extend_from_slice(&message);
     datagram
 }
@@ -467,6 +485,7 @@ async fn replayed_and_spoofed_datagrams_are_neither_delivered_nor_stored() {
         key: &key_a,
         peers: vec![format!("b={CIDR_B}@{}:{port_b}/{public_b}", hosts.addr(1))],
         metrics: None,
+        queues: None,
     };
     let serve_b = TunnelServe {
         hosts: &hosts,
@@ -476,6 +495,7 @@ async fn replayed_and_spoofed_datagrams_are_neither_delivered_nor_stored() {
         key: &key_b,
         peers: vec![format!("a={CIDR_A}@{}:{port_a}/{public_a}", hosts.addr(0))],
         metrics: None,
+        queues: None,
     };
     let (endpoint_a, endpoint_b) = (serve_a.endpoint(), serve_b.endpoint());
     let server_a = bubble_a.serve_tunnel(&serve_a).await;
@@ -621,6 +641,213 @@ async fn replayed_and_spoofed_datagrams_are_neither_delivered_nor_stored() {
     let (n, _) = service.recv_from(&mut buf).expect("genuine traffic after the attacks");
     assert_eq!(&buf[..n], b"after");
     assert!(pod_b.ping(ip_a) && pod_a.ping(ip_b), "the tunnel stopped serving after the attacks");
+    server_a.stop();
+    server_b.stop();
+}
+
+/// Two hosts' bubbles with slirp4netns, their keys and their tunnel's start (`queues` each).
+struct TwoNodes {
+    hosts: Hosts,
+    _dir: tempfile::TempDir,
+    keys: [(std::path::PathBuf, String); 2],
+    ports: [u16; 2],
+}
+
+impl TwoNodes {
+    /// `None` when the prerequisites are missing (said why on stderr).
+    fn new() -> Option<Self> {
+        let probe = bubble()?;
+        drop(probe);
+        if !slirp_available() {
+            return None;
+        }
+        let hosts = Hosts::pair();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keys = [gen_unprivileged_key(dir.path(), "a.key"), gen_unprivileged_key(dir.path(), "b.key")];
+        let ports = [hosts.free_udp_port(0), hosts.free_udp_port(1)];
+        Some(TwoNodes { hosts, _dir: dir, keys, ports })
+    }
+
+    fn serve(&self, i: usize, queues: u32) -> TunnelServe<'_> {
+        let other = 1 - i;
+        let (name, cidr) = [("a", CIDR_A), ("b", CIDR_B)][other];
+        let peer =
+            format!("{name}={cidr}@{}:{}/{}", self.hosts.addr(other), self.ports[other], self.keys[other].1);
+        TunnelServe {
+            hosts: &self.hosts,
+            host: i,
+            pod_cidr: [CIDR_A, CIDR_B][i],
+            port: self.ports[i],
+            key: &self.keys[i].0,
+            peers: vec![peer],
+            metrics: None,
+            queues: Some(queues),
+        }
+    }
+}
+
+/// Names of the threads of process `pid` that used CPU (utime + stime > 0).
+fn busy_threads(pid: u32) -> Vec<String> {
+    let mut busy = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks").flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")) else {
+            continue;
+        };
+        let f: Vec<u64> = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        // After the name: state, then fields 4.. of stat(5); utime and stime are 14 and 15.
+        if f.len() > 12 && f[10] + f[11] > 0 {
+            busy.push(name.to_owned());
+        }
+    }
+    busy
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_several_queues_each_flow_arrives_in_order() {
+    let Some(nodes) = TwoNodes::new() else { return };
+    let (bubble_a, bubble_b) = (nodes.hosts.bubble(0), nodes.hosts.bubble(1));
+    let _slirp = (Slirp::start(&nodes.hosts, 0, &bubble_a), Slirp::start(&nodes.hosts, 1, &bubble_b));
+    let server_a = bubble_a.serve_tunnel(&nodes.serve(0, 4)).await;
+    let server_b = bubble_b.serve_tunnel(&nodes.serve(1, 4)).await;
+    let (mut client_a, mut client_b) = (server_a.client(), server_b.client());
+    let (pod_a, pod_b) = (bubble_a.pod(), bubble_b.pod());
+    let ip_a = address(&attach(&mut client_a, "pod-a", &pod_a).await);
+    let ip_b = address(&attach(&mut client_b, "pod-b", &pod_b).await);
+    assert!(pod_a.ping(ip_b), "pod A cannot ping pod B");
+
+    // 16 UDP flows from pod A to pod B, each numbering its datagrams; the kernel spreads the
+    // flows over A's 4 queues, A's lanes spread them over B's 4 receiving sockets.
+    const FLOWS: usize = 16;
+    const PER_FLOW: u32 = 3_000;
+    let sink = in_netns(&pod_b.netns_path(), move || UdpSocket::bind((ip_b, 0)).expect("bind"));
+    let to = sink.local_addr().expect("addr");
+    sink.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    let receiver = std::thread::spawn(move || {
+        let mut last: std::collections::HashMap<u16, u32> = Default::default();
+        let (mut got, mut reordered) = (0u32, Vec::new());
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = sink.recv_from(&mut buf) {
+            assert!(n >= 4, "a short datagram");
+            let seq = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            if let Some(prev) = last.insert(from.port(), seq).filter(|&p| p >= seq) {
+                reordered.push((from.port(), prev, seq));
+            }
+            got += 1;
+        }
+        (got, last.len(), reordered)
+    });
+    in_netns(&pod_a.netns_path(), move || {
+        let flows: Vec<UdpSocket> = (0..FLOWS).map(|_| UdpSocket::bind((ip_a, 0)).expect("bind")).collect();
+        let mut payload = [0x33u8; 1200];
+        for seq in 0..PER_FLOW {
+            payload[..4].copy_from_slice(&seq.to_be_bytes());
+            for f in &flows {
+                // A full socket buffer drops (counted as lost below), it does not reorder.
+                let _ = f.send_to(&payload, to);
+            }
+            // Paced (some 600 Mbit/s at most) so that most arrive.
+            if seq % 4 == 3 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    let (got, flows_seen, reordered) = receiver.join().expect("receiver");
+    let sent = FLOWS as u32 * PER_FLOW;
+    assert!(
+        reordered.is_empty(),
+        "{} of {got} datagrams arrived before an earlier one of their flow: {:?}",
+        reordered.len(),
+        &reordered[..reordered.len().min(10)]
+    );
+    assert_eq!(flows_seen, FLOWS);
+    assert!(got >= sent / 4, "only {got} of {sent} datagrams arrived");
+    // A TCP stream too: whole and in order (the kernel would count reordering as loss).
+    const BULK: usize = 16 << 20;
+    assert_eq!(bulk(&pod_b.netns_path(), ip_b, &pod_a.netns_path(), BULK), BULK);
+    let (a, b) = (tunnel_stats(&mut client_a).await, tunnel_stats(&mut client_b).await);
+    for s in [&a, &b] {
+        let drops = s.rx_dropped_auth + s.rx_dropped_replay + s.rx_dropped_malformed + s.rx_dropped_spoofed;
+        assert_eq!(drops + s.rx_dropped_incomplete, 0, "{s:?}");
+    }
+    // The queues were used: more than one sending thread on A, receiving thread on B.
+    let sending = busy_threads(server_a.pid()).into_iter().filter(|t| t.starts_with("tunnel-tx-")).count();
+    let receiving = busy_threads(server_b.pid()).into_iter().filter(|t| t.starts_with("tunnel-rx-")).count();
+    eprintln!(
+        "{got} of {sent} datagrams arrived, in order; busy threads: {sending} sending on A, {receiving} receiving on B"
+    );
+    assert!(sending > 1 && receiving > 1, "{sending} sending threads on A, {receiving} receiving on B");
+    server_a.stop();
+    server_b.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn throughput_recovers_when_the_peer_restarts_mid_stream() {
+    let Some(nodes) = TwoNodes::new() else { return };
+    let (bubble_a, bubble_b) = (nodes.hosts.bubble(0), nodes.hosts.bubble(1));
+    let _slirp = (Slirp::start(&nodes.hosts, 0, &bubble_a), Slirp::start(&nodes.hosts, 1, &bubble_b));
+    let (serve_a, serve_b) = (nodes.serve(0, 2), nodes.serve(1, 2));
+    let server_a = bubble_a.serve_tunnel(&serve_a).await;
+    let server_b = bubble_b.serve_tunnel(&serve_b).await;
+    let (mut client_a, mut client_b) = (server_a.client(), server_b.client());
+    let (pod_a, pod_b) = (bubble_a.pod(), bubble_b.pod());
+    let _ip_a = address(&attach(&mut client_a, "pod-a", &pod_a).await);
+    let ip_b = address(&attach(&mut client_b, "pod-b", &pod_b).await);
+    assert!(pod_a.ping(ip_b), "pod A cannot ping pod B");
+
+    // One TCP stream A → B for 8 s; the receiver counts its bytes per 100 ms.
+    const RUN: Duration = Duration::from_secs(8);
+    let listener = in_netns(&pod_b.netns_path(), move || TcpListener::bind((ip_b, 0)).expect("bind"));
+    let addr = listener.local_addr().expect("addr");
+    let start = Instant::now();
+    let sink = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        conn.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        let mut buckets = vec![0u64; 200];
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => return buckets,
+                Ok(n) => buckets[(start.elapsed().as_millis() / 100).min(199) as usize] += n as u64,
+                Err(e) => panic!("the stream broke: {e}"),
+            }
+        }
+    });
+    let source = std::thread::spawn({
+        let netns = pod_a.netns_path();
+        move || {
+            let mut conn = in_netns(&netns, move || {
+                TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect")
+            });
+            let chunk = vec![0x5au8; 1 << 16];
+            while start.elapsed() < RUN {
+                conn.write_all(&chunk).expect("the stream broke");
+            }
+        }
+    });
+    // B's net-forwarder restarts 2.5 s in (same key file; its counter starts above the last
+    // run's), while the stream runs.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let replays = tunnel_stats(&mut client_a).await.rx_dropped_replay;
+    server_b.stop();
+    let server_b = bubble_b.serve_tunnel(&serve_b).await;
+    let back = start.elapsed();
+    source.join().expect("source");
+    let buckets = sink.join().expect("sink");
+    let rate = |from: Duration, to: Duration| {
+        let (a, b) = ((from.as_millis() / 100) as usize, (to.as_millis() / 100) as usize);
+        buckets[a..b].iter().sum::<u64>() as f64 * 8.0 / (to - from).as_secs_f64() / 1e9
+    };
+    let before = rate(Duration::from_millis(500), Duration::from_millis(2_500));
+    // A second for TCP to retransmit what was lost while B was down, then the rest.
+    let after = rate(back + Duration::from_secs(1), RUN);
+    eprintln!("before the restart {before:.2} Gbit/s, after {after:.2} Gbit/s (B was back {back:?} in)");
+    assert!(RUN > back + Duration::from_secs(2), "the restart took until {back:?}");
+    assert!(after >= before * 0.3, "throughput collapsed after the restart: {before:.2} → {after:.2} Gbit/s");
+    let a = tunnel_stats(&mut client_a).await;
+    assert_eq!(a.rx_dropped_replay, replays, "the restarted peer's messages were refused as replays: {a:?}");
+    let b = tunnel_stats(&mut server_b.client()).await;
+    assert_eq!(b.rx_dropped_auth + b.rx_dropped_replay + b.rx_dropped_spoofed, 0, "{b:?}");
     server_a.stop();
     server_b.stop();
 }

@@ -533,10 +533,11 @@ fn prepare_and_start(
         sockets.push(((*name).to_owned(), listener.into(), port));
     }
     if args.role.tunnel() {
-        let udp = UdpSocket::bind(SocketAddr::from((args.address, 0)))
-            .map_err(|e| port_error("tunnel", args.address, e))?;
-        let tunnel_port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
-        sockets.push(("tunnel".into(), udp.into(), tunnel_port));
+        let (group, tunnel_port) = tunnel_sockets(args.address, tunnel_queues())?;
+        for (i, udp) in group.into_iter().enumerate() {
+            let name = if i == 0 { "tunnel".to_owned() } else { format!("tunnel-{i}") };
+            sockets.push((name, udp.into(), tunnel_port));
+        }
     }
     // Ports published while the bubble runs (hostPort, NodePort, LoadBalancer): asked for by
     // its supervisor over a socket pair, bound here (crate::host_ports).
@@ -558,7 +559,12 @@ fn prepare_and_start(
         .map_err(|e| Error::io("generate", "a machine ID", std::io::Error::other(e.to_string())))?;
     write("etc/machine-id", format!("{}\n", hex::encode(id)))?;
 
-    let ports: Vec<String> = sockets.iter().map(|(n, _, p)| format!("{n}={p}")).collect();
+    // The tunnel's other sockets share its port.
+    let ports: Vec<String> = sockets
+        .iter()
+        .filter(|(n, _, _)| !n.starts_with("tunnel-"))
+        .map(|(n, _, p)| format!("{n}={p}"))
+        .collect();
     let mut init_args = vec![
         "/usr/local/bin/hpk".to_owned(),
         "bubble-init".into(),
@@ -655,7 +661,11 @@ fn prepare_and_start(
         shared: shared.clone(),
         role: args.role,
         address: args.address,
-        ports: sockets.iter().map(|(n, _, p)| (n.clone(), *p)).collect(),
+        ports: sockets
+            .iter()
+            .filter(|(n, _, _)| !n.starts_with("tunnel-"))
+            .map(|(n, _, p)| (n.clone(), *p))
+            .collect(),
         host_ports: None,
     };
     let status = create.status().map_err(|e| Error::io("run", "crun create", e))?;
@@ -732,6 +742,39 @@ fn allocation_env(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
         .collect();
     env.sort();
     env
+}
+
+/// The tunnel's receiving sockets: one per CPU of this step's allocation (the CPUs this process
+/// may run on), at most 16, the queues the net-forwarder gives its tunnel by default.
+fn tunnel_queues() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, 16)
+}
+
+/// `queues` UDP sockets on one port of `address`: with more than one, a reuse-port group, bound
+/// in order (the net-forwarder's `--tunnel-fd` takes them in that order and steers each
+/// datagram to one of them by the lane its header names). The kernel lets only this user's
+/// sockets join the group.
+fn tunnel_sockets(address: Ipv4Addr, queues: usize) -> Result<(Vec<UdpSocket>, u16)> {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrIn, bind, setsockopt, socket, sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let failed = |e: nix::errno::Errno| port_error("tunnel", address, e.into());
+    let mut group = Vec::with_capacity(queues);
+    let mut port = 0;
+    for _ in 0..queues {
+        let fd =
+            socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None).map_err(failed)?;
+        if queues > 1 {
+            setsockopt(&fd, sockopt::ReusePort, &true).map_err(failed)?;
+        }
+        bind(fd.as_raw_fd(), &SockaddrIn::from(std::net::SocketAddrV4::new(address, port)))
+            .map_err(failed)?;
+        let udp = UdpSocket::from(fd);
+        port = udp.local_addr().map_err(|e| Error::io("read", "the tunnel's port", e))?.port();
+        group.push(udp);
+    }
+    Ok((group, port))
 }
 
 fn port_error(name: &str, address: Ipv4Addr, e: std::io::Error) -> Error {
@@ -978,6 +1021,17 @@ pub fn tail(path: &Path, lines: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_tunnel_sockets_share_one_port() {
+        let (group, port) = super::tunnel_sockets(std::net::Ipv4Addr::LOCALHOST, 3).expect("bind");
+        assert_eq!(group.len(), 3);
+        assert!(port != 0 && group.iter().all(|s| s.local_addr().expect("addr").port() == port));
+        // A lone socket is no group: its port is its own.
+        let (lone, port) = super::tunnel_sockets(std::net::Ipv4Addr::LOCALHOST, 1).expect("bind");
+        assert_eq!(lone.len(), 1);
+        assert!(std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_err());
+    }
+
     #[test]
     fn the_allocation_reaches_the_bubble_and_nothing_else() {
         let vars = [

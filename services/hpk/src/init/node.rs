@@ -23,7 +23,12 @@ pub async fn start(args: &InitArgs, sup: &mut Supervisor) -> Result<()> {
     let shared = Path::new(SHARED_DIR);
     let p = |path: &Path| path.display().to_string();
     let kubelet_port = args.port("kubelet")?;
-    let tunnel_fd = super::inherited_fd("tunnel")?;
+    // The tunnel's sockets: `tunnel`, then the rest of its reuse-port group in order.
+    let mut tunnel_fds = vec![super::inherited_fd("tunnel")?.to_string()];
+    tunnel_fds.extend(
+        (1..).map_while(|i| super::inherited_fd(&format!("tunnel-{i}")).ok()).map(|fd| fd.to_string()),
+    );
+    let tunnel_fd = tunnel_fds.join(",");
 
     // The controller's launcher writes `apiserver` last: once it is there, the rest is too.
     let needed = ["apiserver", "cert-signer", "ca.crt", "client-ca.crt"];

@@ -15,11 +15,16 @@ use super::ns::{Guard, Netns, output, wait_until};
 
 type Client = NetForwarderClient<Channel>;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_hpk-net-forwarder");
+/// The net-forwarder under test: this build's, or `HPK_BENCH_NET_FORWARDER` (another build's,
+/// to compare with in the same run of the baselines).
+pub fn bin() -> String {
+    std::env::var("HPK_BENCH_NET_FORWARDER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_hpk-net-forwarder").into())
+}
 
 /// Whether this build of the net-forwarder has the cross-node tunnel (`tunnel-socket`).
 pub fn has_tunnel() -> bool {
-    std::process::Command::new(BIN)
+    std::process::Command::new(bin())
         .args(["tunnel-socket", "--help"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -30,7 +35,7 @@ pub fn has_tunnel() -> bool {
 /// `hpk-net-forwarder tunnel-private-key PATH`: a new private key (mode 0600); returns the
 /// public key it prints, for the other bubble's `--peer`.
 pub fn gen_key(path: &Path) -> Result<String> {
-    output(std::process::Command::new(BIN).arg("tunnel-private-key").arg(path))
+    output(std::process::Command::new(bin()).arg("tunnel-private-key").arg(path))
         .map(|out| out.trim().to_owned())
 }
 
@@ -40,6 +45,10 @@ pub struct Tunnel<'a> {
     pub bind: SocketAddrV4,
     pub key: &'a Path,
     pub peers: Vec<String>,
+    /// `--queues`/`--tunnel-queues`; by default one per CPU (a build before them has one).
+    pub queues: Option<u32>,
+    /// The host link's MTU (`--tunnel-mtu`).
+    pub link_mtu: u32,
 }
 
 /// A bubble whose holder is `hpk-net-forwarder serve` itself, and a client of its API.
@@ -58,18 +67,12 @@ impl Bubble {
         let socket = dir.path().join("run/nf.sock");
         let mut args = vec![format!("--net={}", host.netns_path()), "--".into()];
         if let Some(t) = &tunnel {
-            args.extend([
-                BIN.into(),
-                "tunnel-socket".into(),
-                "--bind".into(),
-                t.bind.to_string(),
-                "--".into(),
-            ]);
+            args.extend([bin(), "tunnel-socket".into(), "--bind".into(), t.bind.to_string()]);
+            args.extend(t.queues.map(|q| format!("--queues={q}")));
+            args.push("--".into());
         }
-        args.extend(
-            ["unshare", "--user", "--map-root-user", "--net", "--mount", "--", BIN, "serve"]
-                .map(String::from),
-        );
+        args.extend(["unshare", "--user", "--map-root-user", "--net", "--mount", "--"].map(String::from));
+        args.extend([bin(), "serve".into()]);
         args.extend([
             "--socket".into(),
             path(&socket),
@@ -78,7 +81,10 @@ impl Bubble {
         ]);
         args.extend(["--pod-cidr", pod_cidr, "--mtu", "1500"].map(String::from));
         if let Some(t) = &tunnel {
-            args.extend(["--tunnel-fd".into(), "3".into(), "--tunnel-private-key-file".into(), path(t.key)]);
+            // The sockets' descriptors come in HPK_TUNNEL_FD, from tunnel-socket.
+            args.extend(["--tunnel-private-key-file".into(), path(t.key)]);
+            args.extend(t.queues.map(|q| format!("--tunnel-queues={q}")));
+            args.push(format!("--tunnel-mtu={}", t.link_mtu));
             args.extend(t.peers.iter().flat_map(|p| ["--peer".to_owned(), p.clone()]));
         }
         let mut server = Guard::spawn("nsenter", &args)?;

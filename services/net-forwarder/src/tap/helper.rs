@@ -24,7 +24,7 @@ use crate::{Error, Result};
 /// How long the helper may take to send the descriptor back.
 const HELPER_TIMEOUT_MS: u16 = 10_000;
 /// The options of both TAPs of an attachment.
-pub const TAP_OPTIONS: Options = Options { kind: Kind::Tap, vnet_hdr: true };
+pub const TAP_OPTIONS: Options = Options { kind: Kind::Tap, vnet_hdr: true, multi_queue: false };
 
 /// `hpk-net-forwarder open-tap` (internal): receives a network namespace on stdin (a UNIX
 /// socket), creates or re-opens the TAP there and sends its descriptor back.

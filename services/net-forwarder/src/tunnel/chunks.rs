@@ -9,7 +9,9 @@
 //! | "HK" | ver=3 | type=2 | message | index | count | stride | message bytes [index*stride..]
 //! ```
 //!
-//! `message` is the low 32 bits of the sealed message's counter (so per sender), `count` the
+//! `message` is the message's id, its sender's low 28 bits of the sealed message's counter
+//! above the *lane* (4 bits): the sending queue's number, by which the receiver's kernel picks
+//! the socket, so the thread, that takes the datagram ([`crate::inherit::steer`]). `count` the
 //! number of chunks, `stride` the bytes of message every chunk but the last carries (the last
 //! carries 1 to `stride`). All chunks of a message are equal-size but the last, which is what
 //! UDP GSO sends with one `sendmsg` and UDP GRO hands back coalesced.
@@ -48,6 +50,21 @@ pub const SLOTS_PER_SOURCE: usize = 4;
 pub const MAX_SLOTS: usize = 32;
 /// Link MTUs accepted: IPv4's minimum (so that a message needs at most 255 chunks) to 65535.
 pub const MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=65_535;
+
+/// Lanes a message id can name (its low 4 bits), so the most queues a tunnel has.
+pub const LANES: usize = 16;
+/// The byte of the chunk header whose low 4 bits are the lane (the message id's last).
+pub const LANE_OFFSET: usize = 7;
+
+/// The id of the message sealed under `counter` by the queue of lane `lane`.
+pub fn message_id(counter: u64, lane: usize) -> u32 {
+    ((counter as u32) << 4) | (lane % LANES) as u32
+}
+
+/// The lane of a message id.
+pub fn lane(message: u32) -> usize {
+    (message as usize) % LANES
+}
 
 const TYPE_CHUNK: u8 = 2;
 /// Recently completed messages remembered, so that a duplicated chunk does not start a new one.

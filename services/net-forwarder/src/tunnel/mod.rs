@@ -1,5 +1,6 @@
-//! The tunnel to the other nodes' bubbles: a TUN device in the bubble, a UDP socket in the
-//! host's network namespace, and two relay threads between them.
+//! The tunnel to the other nodes' bubbles: a multi-queue TUN device in the bubble, UDP sockets
+//! in the host's network namespace, and relay threads between them: one sending thread per
+//! queue, one receiving thread per socket.
 //!
 //! ```text
 //!  pod ─veth─ bubble ──route: peer's pod CIDR dev hpk-tunnel──► TUN ─► [tx thread] seal ─► UDP ─► peer
@@ -22,7 +23,17 @@
 //! chunks of no known format as malformed; messages that fail authentication as auth drops;
 //! replays as replays; messages whose chunks did not all arrive as incomplete.
 //! Relay threads use blocking I/O and no locks but a read lock on the peer table per packet
-//! (sending) and the receiver table's lock per batch of datagrams (receiving).
+//! (sending) and the receiver table's lock per batch of datagrams and twice per message
+//! (receiving: the window's checks before and after opening, not the decryption).
+//!
+//! Queues: the kernel hands each flow's packets to one queue of the device; that queue's thread
+//! puts its number, the *lane*, in the id of every message it sends ([`chunks::message_id`]),
+//! and the receiving host's kernel steers each datagram to the socket of its lane
+//! ([`crate::inherit::steer`]). So a flow's messages are received, opened and written by one
+//! thread, in the order they were sent, and all the chunks of a message meet in one thread's
+//! reassembly; different flows use the cores in parallel. The queues share one [`Sealer`]: its
+//! counter is one atomic add per message, and messages of different queues may reach a peer
+//! in another order than their counters, within its window.
 
 pub mod chunks;
 pub mod identity;
@@ -119,15 +130,16 @@ impl std::fmt::Debug for Route {
 }
 
 /// The running tunnel. The relay threads run until the process exits; the device and the
-/// socket close with it.
+/// sockets close with it.
 pub struct Tunnel {
-    _device: Device,
+    _devices: Vec<Device>,
     endpoint: SocketAddrV4,
     own: PodCidr,
     identity: Identity,
     routes: Arc<RwLock<RouteTable>>,
     senders: Arc<Mutex<Senders>>,
     counters: Arc<Counters>,
+    queues: usize,
 }
 
 /// The peers, and the index that finds a packet's peer by its destination.
@@ -149,17 +161,28 @@ impl RouteTable {
     }
 }
 
+/// The queues a tunnel uses when none are asked for: one per CPU this process may run on (a
+/// Slurm step's allocation, a cgroup's quota), at most [`chunks::LANES`].
+pub fn default_queues() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, chunks::LANES)
+}
+
 impl Tunnel {
     /// Creates the TUN device in the current network namespace (the bubble) and starts relaying
-    /// between it and `socket` ([`routes::Routes::configure_device`] brings it up). `endpoint` is
-    /// what the peers send to; `identity` this run's key pair; `link_mtu` the MTU of the host
-    /// link the datagrams take.
+    /// between it and `sockets` ([`routes::Routes::configure_device`] brings it up): one socket,
+    /// or a reuse-port group of them bound to `endpoint`'s port
+    /// ([`crate::inherit::bind_group`]). `endpoint` is what the peers send to; `identity` this
+    /// run's key pair; `link_mtu` the MTU of the host link the datagrams take; `queues` (1 to
+    /// [`chunks::LANES`]) the device's queues, each with a thread that reads and sends what
+    /// the kernel puts on it. Each socket has a thread that receives, and the kernel steers
+    /// every datagram to the socket its sender's lane names ([`crate::inherit::steer`]).
     pub fn start(
-        socket: UdpSocket,
+        sockets: Vec<UdpSocket>,
         endpoint: SocketAddrV4,
         identity: Identity,
         own: PodCidr,
         link_mtu: u32,
+        queues: usize,
     ) -> Result<Self> {
         let cutter = Cutter::new(link_mtu).ok_or_else(|| {
             Error::Config(format!(
@@ -168,7 +191,23 @@ impl Tunnel {
                 chunks::MTU_RANGE.end()
             ))
         })?;
-        let offloads = crate::inherit::udp_offloads(&socket);
+        if !(1..=chunks::LANES).contains(&queues) {
+            return Err(Error::Config(format!(
+                "--tunnel-queues {queues}: a tunnel has 1 to {} queues",
+                chunks::LANES
+            )));
+        }
+        if sockets.is_empty() || sockets.len() > chunks::LANES {
+            return Err(Error::Config(format!(
+                "a tunnel has 1 to {} sockets, not {}",
+                chunks::LANES,
+                sockets.len()
+            )));
+        }
+        let offloads = crate::inherit::udp_offloads(&sockets[0]);
+        for s in &sockets[1..] {
+            crate::inherit::udp_offloads(s);
+        }
         if !offloads.gso || !offloads.gro {
             warn!(
                 gso = offloads.gso,
@@ -176,40 +215,60 @@ impl Tunnel {
                 "the kernel lacks UDP GSO or GRO; the tunnel sends or receives its datagrams one by one"
             );
         }
-        let device = Device::create(DEVICE, Options { kind: Kind::Tun, vnet_hdr: true })?;
-        let tx_device =
-            device.file().try_clone().map_err(|e| Error::io("duplicate the TUN descriptor", e))?;
-        let rx_device =
-            device.file().try_clone().map_err(|e| Error::io("duplicate the TUN descriptor", e))?;
+        if let Err(e) = crate::inherit::steer(&sockets) {
+            // The kernel then spreads datagrams by their addresses: a peer's all reach one socket.
+            warn!(error = %e, "the tunnel's receiving sockets cannot be steered by lane; one thread receives each peer's traffic");
+        }
+        let options = Options { kind: Kind::Tun, vnet_hdr: true, multi_queue: queues > 1 };
+        let devices = (0..queues).map(|_| Device::create(DEVICE, options)).collect::<Result<Vec<_>>>()?;
+        let duplicate =
+            |d: &Device| d.file().try_clone().map_err(|e| Error::io("duplicate the TUN descriptor", e));
         let tunnel = Tunnel {
-            _device: device,
+            _devices: Vec::new(),
             endpoint,
             own,
             routes: Arc::new(RwLock::new(RouteTable::default())),
             senders: Arc::new(Mutex::new(Senders::new())),
             counters: Arc::new(Counters::default()),
             identity,
+            queues,
         };
-        let socket = Arc::new(socket);
-        let tx = TxRelay {
-            device: tx_device,
-            sender: udp::Sender::new(socket.clone(), cutter, offloads.gso),
-            sealer: Sealer::new(tunnel.identity.public().key_id(), now_nanos()),
-            routes: tunnel.routes.clone(),
-            counters: tunnel.counters.clone(),
-        };
-        let rx = RxRelay {
-            device: rx_device,
-            receiver: udp::Receiver::new(socket),
-            own,
-            senders: tunnel.senders.clone(),
-            reassembly: Reassembly::new(),
-            counters: tunnel.counters.clone(),
-        };
-        spawn("tunnel-tx", move || tx.run())?;
-        spawn("tunnel-rx", move || rx.run())?;
-        info!(endpoint = %endpoint, public_key = %tunnel.identity.public(), device = DEVICE, link_mtu, gso = offloads.gso, gro = offloads.gro, "tunnel relaying");
+        let sockets: Vec<Arc<UdpSocket>> = sockets.into_iter().map(Arc::new).collect();
+        let sealer = Arc::new(Sealer::new(tunnel.identity.public().key_id(), now_nanos()));
+        let mut relays: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+        for (lane, device) in devices.iter().enumerate() {
+            let tx = TxRelay {
+                device: duplicate(device)?,
+                sender: udp::Sender::new(sockets[lane % sockets.len()].clone(), cutter, offloads.gso),
+                lane,
+                sealer: sealer.clone(),
+                routes: tunnel.routes.clone(),
+                counters: tunnel.counters.clone(),
+            };
+            relays.push((format!("tunnel-tx-{lane}"), Box::new(move || tx.run())));
+        }
+        for (i, socket) in sockets.iter().enumerate() {
+            let rx = RxRelay {
+                device: duplicate(&devices[i % devices.len()])?,
+                receiver: udp::Receiver::new(socket.clone()),
+                own,
+                senders: tunnel.senders.clone(),
+                reassembly: Reassembly::new(),
+                counters: tunnel.counters.clone(),
+            };
+            relays.push((format!("tunnel-rx-{i}"), Box::new(move || rx.run())));
+        }
+        for (name, relay) in relays {
+            spawn(&name, relay)?;
+        }
+        let tunnel = Tunnel { _devices: devices, ..tunnel };
+        info!(endpoint = %endpoint, public_key = %tunnel.identity.public(), device = DEVICE, link_mtu, queues, sockets = sockets.len(), gso = offloads.gso, gro = offloads.gro, "tunnel relaying");
         Ok(tunnel)
+    }
+
+    /// The device's queues (and sending threads).
+    pub fn queues(&self) -> usize {
+        self.queues
     }
 
     /// The endpoint the peers send to.
@@ -353,7 +412,10 @@ const DST: usize = 16;
 struct TxRelay {
     device: std::fs::File,
     sender: udp::Sender,
-    sealer: Sealer,
+    /// This queue's number, which its messages' ids carry ([`chunks::message_id`]).
+    lane: usize,
+    /// Shared by the queues: one counter per run.
+    sealer: Arc<Sealer>,
     routes: Arc<RwLock<RouteTable>>,
     counters: Arc<Counters>,
 }
@@ -397,17 +459,16 @@ impl TxRelay {
                 continue;
             }
             let ip_bytes = (n - VNET_HDR_LEN) as u64;
-            let len = match self.sealer.seal(&keys.seal, &mut buf, n) {
-                Ok(len) => len,
+            let sealed = match self.sealer.seal(&keys.seal, &mut buf, n) {
+                Ok(sealed) => sealed,
                 Err(e) => {
                     warn!(error = %e, "cannot seal a packet");
                     self.counters.tx_dropped_error.fetch_add(1, Relaxed);
                     continue;
                 }
             };
-            // The message's id: its counter's low 32 bits.
-            let id = self.sealer.counter() as u32;
-            match self.sender.send(&buf[..len], id, endpoint) {
+            let id = chunks::message_id(sealed.counter, self.lane);
+            match self.sender.send(&buf[..sealed.len], id, endpoint) {
                 Ok(_) => {
                     self.counters.tx_packets.fetch_add(1, Relaxed);
                     self.counters.tx_bytes.fetch_add(ip_bytes, Relaxed);
@@ -448,12 +509,17 @@ impl RxRelay {
                     continue;
                 }
             };
-            // One lock per batch (GRO hands over up to 64 KiB from one sender at once).
-            let mut senders = table.lock().unwrap_or_else(|p| p.into_inner());
+            // GRO hands over up to 64 KiB from one sender at once: its address is looked up
+            // once per batch, and the table is not held while the chunks are put together.
+            let trusted = table.lock().unwrap_or_else(|p| p.into_inner()).at(got.from);
+            let Some(trusted) = trusted else {
+                let datagrams = got.len.div_ceil(got.segment) as u64;
+                self.counters.rx_dropped_spoofed.fetch_add(datagrams, Relaxed);
+                continue;
+            };
             for datagram in buf[..got.len].chunks(got.segment) {
-                self.chunk(&mut senders, got.from, datagram);
+                self.chunk(got.from, trusted, datagram);
             }
-            drop(senders);
             let incomplete = self.reassembly.take_evicted();
             if incomplete > 0 {
                 self.counters.rx_dropped_incomplete.fetch_add(incomplete, Relaxed);
@@ -462,17 +528,12 @@ impl RxRelay {
         }
     }
 
-    /// One datagram: a chunk, maybe the one that completes its message. Chunks from an address
-    /// that is no peer's endpoint take no reassembly slot.
-    fn chunk(&mut self, senders: &mut Senders, from: SocketAddr, datagram: &[u8]) {
-        let Some(trusted) = senders.at(from) else {
-            self.counters.rx_dropped_spoofed.fetch_add(1, Relaxed);
-            return;
-        };
+    /// One datagram from a peer's endpoint: a chunk, maybe the one that completes its message.
+    fn chunk(&mut self, from: SocketAddr, trusted: bool, datagram: &[u8]) {
         let message = chunks::parse(datagram).and_then(|c| self.reassembly.add(from, trusted, &c));
         match message {
             Ok(Some(mut message)) => {
-                self.message(senders, from, &mut message);
+                self.message(from, &mut message);
                 self.reassembly.recycle(message);
             }
             Ok(None) => {}
@@ -482,10 +543,20 @@ impl RxRelay {
         }
     }
 
-    /// One whole message: opened, checked and written to the bubble.
-    fn message(&mut self, senders: &mut Senders, from: SocketAddr, message: &mut [u8]) {
-        let delivered = match senders.receive(from, message, self.own) {
-            Ok(delivered) => delivered,
+    /// One whole message: checked, opened and written to the bubble. The receiver table is
+    /// held for the checks before and the window after, not while the message is decrypted:
+    /// the receiving threads share it.
+    fn message(&mut self, from: SocketAddr, message: &mut [u8]) {
+        let lock = || self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        // Each guard is dropped at the end of its statement, before the next lock.
+        let opening = lock().begin(from, message);
+        let opened = opening.and_then(|opening| {
+            let range = opening.open(message, self.own)?;
+            let finished = lock().finish(&opening);
+            finished.map(|()| (range, opening.counters))
+        });
+        let (range, peer) = match opened {
+            Ok(opened) => opened,
             Err(refused) => {
                 let counter = match refused {
                     Refused::Malformed => &self.counters.rx_dropped_malformed,
@@ -497,15 +568,15 @@ impl RxRelay {
                 return;
             }
         };
-        let payload = &message[delivered.range];
+        let payload = &message[range];
         let ip_bytes = (payload.len() - VNET_HDR_LEN) as u64;
         // A TUN write takes the whole packet or fails; it is never partial.
         match self.device.write_all(payload) {
             Ok(()) => {
                 self.counters.rx_packets.fetch_add(1, Relaxed);
                 self.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
-                delivered.counters.rx_packets.fetch_add(1, Relaxed);
-                delivered.counters.rx_bytes.fetch_add(ip_bytes, Relaxed);
+                peer.rx_packets.fetch_add(1, Relaxed);
+                peer.rx_bytes.fetch_add(ip_bytes, Relaxed);
             }
             Err(_) => {
                 self.counters.rx_dropped_error.fetch_add(1, Relaxed);

@@ -103,33 +103,78 @@ impl Senders {
 
     /// Opens a whole message that came from `from`, in place, and checks its packet: from the
     /// sender's pod CIDR, to `own`. Only a message that passes every check moves the window.
+    /// The three steps of [`Senders::begin`], [`Opening::open`] and [`Senders::finish`], for a
+    /// caller that holds the table throughout.
     pub fn receive(
         &mut self,
         from: SocketAddr,
         message: &mut [u8],
         own: PodCidr,
     ) -> Result<Delivered, Refused> {
+        let opening = self.begin(from, message)?;
+        let range = opening.open(message, own)?;
+        self.finish(&opening)?;
+        Ok(Delivered { range, counters: opening.counters })
+    }
+
+    /// The checks before a message is opened: a current peer's key id, sent from that peer's
+    /// endpoint, a counter its window has not seen. Returns what opens it, so that the table
+    /// need not be held while it is decrypted (the receiving threads share it).
+    pub fn begin(&self, from: SocketAddr, message: &[u8]) -> Result<Opening, Refused> {
         let header = Header::parse(message)?;
-        let sender = self.by_id.get_mut(&header.id).ok_or(Refused::Spoofed)?;
+        let sender = self.by_id.get(&header.id).ok_or(Refused::Spoofed)?;
         if SocketAddr::V4(sender.peer.endpoint) != from {
             return Err(Refused::Spoofed);
         }
         // Before the tag: a replay costs no decryption.
         sender.window.check(header.counter)?;
-        let range = wire::open(&sender.keys.open, header, message)?;
+        Ok(Opening {
+            header,
+            keys: sender.keys.clone(),
+            pod_cidr: sender.peer.pod_cidr,
+            counters: sender.counters.clone(),
+        })
+    }
+
+    /// Records an opened message's counter in its sender's window: refused as a replay if
+    /// another thread delivered the same counter meanwhile, and as spoofed if the sender left
+    /// the table or changed its key since [`Senders::begin`].
+    pub fn finish(&mut self, opening: &Opening) -> Result<(), Refused> {
+        let sender = self.by_id.get_mut(&opening.header.id).ok_or(Refused::Spoofed)?;
+        if !Arc::ptr_eq(&sender.keys, &opening.keys) {
+            return Err(Refused::Spoofed);
+        }
+        sender.window.accept(opening.header.counter)?;
+        sender.authentic = true;
+        Ok(())
+    }
+}
+
+/// A message that passed [`Senders::begin`], and the key that opens it.
+pub struct Opening {
+    header: Header,
+    keys: Arc<PairKeys>,
+    pod_cidr: PodCidr,
+    /// The sender's counters.
+    pub counters: Arc<PeerCounters>,
+}
+
+impl Opening {
+    /// Decrypts and authenticates the message in place, and checks its packet: from the
+    /// sender's pod CIDR (cryptokey routing), to `own`. Returns the payload's place.
+    pub fn open(&self, message: &mut [u8], own: PodCidr) -> Result<Range<usize>, Refused> {
+        let range = wire::open(&self.keys.open, self.header, message)?;
         let payload = &message[range.clone()];
         let (Some(src), Some(dst)) = (ipv4_field(payload, SRC), ipv4_field(payload, DST)) else {
             return Err(Refused::Malformed);
         };
-        if !sender.peer.pod_cidr.contains(src) {
+        if !self.pod_cidr.contains(src) {
             return Err(Refused::Spoofed);
         }
         if !own.contains(dst) {
             return Err(Refused::Malformed);
         }
-        sender.window.accept(header.counter)?;
-        sender.authentic = true;
-        Ok(Delivered { range, counters: sender.counters.clone() })
+        Ok(range)
     }
 }
 

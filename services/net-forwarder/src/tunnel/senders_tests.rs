@@ -51,7 +51,7 @@ fn message(from: &mut Node, to: &Identity, src: [u8; 4], dst: [u8; 4]) -> Vec<u8
     let mut buf = vec![0; HEADER_LEN + packet.len() + TAG_LEN];
     buf[HEADER_LEN..HEADER_LEN + packet.len()].copy_from_slice(&packet);
     let key = from.id.pair(&to.public()).unwrap();
-    let n = from.sealer.seal(&key.seal, &mut buf, packet.len()).unwrap();
+    let n = from.sealer.seal(&key.seal, &mut buf, packet.len()).unwrap().len;
     buf.truncate(n);
     buf
 }

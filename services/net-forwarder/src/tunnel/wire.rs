@@ -26,6 +26,8 @@
 //! private key file reused across runs, in static set-ups, leans on the clock: see
 //! [`Sealer::new`].)
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag};
 
 use super::identity::{KEY_ID_LEN, KeyId};
@@ -57,10 +59,11 @@ fn nonce(counter: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
-/// The sending side of one run: its key id and its one counter, for every peer.
+/// The sending side of one run: its key id and its one counter, for every peer and every
+/// sending thread (the tunnel's queues share one `Sealer`).
 pub struct Sealer {
     id: KeyId,
-    counter: u64,
+    counter: AtomicU64,
 }
 
 impl Sealer {
@@ -74,33 +77,45 @@ impl Sealer {
     /// no nonce repeats and the peers' windows accept it, unless the clock stepped back between
     /// the runs, the one case where a static set-up must make a new key.
     pub fn new(id: KeyId, after: u64) -> Self {
-        Sealer { id, counter: after }
+        Sealer { id, counter: AtomicU64::new(after) }
     }
 
     /// The counter of the last message sealed (the start before the first).
     pub fn counter(&self) -> u64 {
-        self.counter
+        self.counter.load(Relaxed)
     }
 
     /// `buf[HEADER_LEN..HEADER_LEN + len]` holds the payload; writes the header before it and
     /// the tag after it, encrypting the payload with `key` (the receiver's pair key), and
-    /// returns the datagram's length. `buf` must have room for the tag.
-    pub fn seal(&mut self, key: &LessSafeKey, buf: &mut [u8], len: usize) -> Result<usize> {
+    /// returns the message's length and its counter. `buf` must have room for the tag. Threads
+    /// that seal at once each take a counter of their own (one atomic add), so no nonce
+    /// repeats; their messages may reach a peer in another order than their counters, which its
+    /// window tolerates ([`WINDOW`]).
+    pub fn seal(&self, key: &LessSafeKey, buf: &mut [u8], len: usize) -> Result<Sealed> {
         let total = HEADER_LEN + len + TAG_LEN;
         if buf.len() < total {
             return Err(Error::InvalidArgument(format!("no room for a {len}-byte packet")));
         }
         // Never wraps: a start time in nanoseconds leaves centuries of messages at any link speed.
-        self.counter += 1;
-        let header = Header { id: self.id, counter: self.counter };
+        let counter = self.counter.fetch_add(1, Relaxed) + 1;
+        let header = Header { id: self.id, counter };
         header.write(&mut buf[..HEADER_LEN]);
         let (header, rest) = buf.split_at_mut(HEADER_LEN);
         let tag = key
-            .seal_in_place_separate_tag(nonce(self.counter), Aad::from(&header[..]), &mut rest[..len])
+            .seal_in_place_separate_tag(nonce(counter), Aad::from(&header[..]), &mut rest[..len])
             .map_err(|_| Error::Config("AES-GCM refused to seal a packet".into()))?;
         rest[len..len + TAG_LEN].copy_from_slice(tag.as_ref());
-        Ok(total)
+        Ok(Sealed { len: total, counter })
     }
+}
+
+/// A message [`Sealer::seal`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sealed {
+    /// Its bytes.
+    pub len: usize,
+    /// Its counter (its nonce).
+    pub counter: u64,
 }
 
 /// Why a datagram was refused.

@@ -13,7 +13,7 @@ fn keys(from: &Identity, to: &Identity) -> PairKeys {
 fn seal(sealer: &mut Sealer, key: &LessSafeKey, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0; HEADER_LEN + payload.len() + TAG_LEN];
     buf[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
-    let n = sealer.seal(key, &mut buf, payload.len()).unwrap();
+    let n = sealer.seal(key, &mut buf, payload.len()).unwrap().len;
     buf.truncate(n);
     buf
 }
@@ -153,4 +153,32 @@ fn public_keys_are_64_lowercase_hex_digits() {
     assert_eq!(k.key_id(), PublicKey::parse(&text).unwrap().key_id());
     assert_ne!(k.key_id(), Identity::from_secret([8; 32]).public().key_id());
     assert!(format!("{:?}", Identity::from_secret([9; 32])).contains("secret .."), "never printed");
+}
+
+#[test]
+fn threads_sealing_at_once_never_share_a_counter() {
+    let (s, r) = pair(1, 2);
+    let key = keys(&s, &r);
+    let sealer = Sealer::new(s.public().key_id(), 1000);
+    let counters: Vec<u64> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..500)
+                        .map(|_| {
+                            let mut buf = vec![0; HEADER_LEN + 8 + TAG_LEN];
+                            let sealed = sealer.seal(&key.seal, &mut buf, 8).unwrap();
+                            assert_eq!(Header::parse(&buf).unwrap().counter, sealed.counter);
+                            sealed.counter
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    });
+    let unique: std::collections::HashSet<u64> = counters.iter().copied().collect();
+    assert_eq!(unique.len(), 2000, "a counter (a nonce) was used twice");
+    assert_eq!((unique.iter().min(), unique.iter().max()), (Some(&1001), Some(&3000)));
+    assert_eq!(sealer.counter(), 3000);
 }

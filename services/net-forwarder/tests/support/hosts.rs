@@ -199,6 +199,8 @@ pub struct TunnelServe<'a> {
     pub key: &'a Path,
     pub peers: Vec<String>,
     pub metrics: Option<&'a str>,
+    /// `tunnel-socket --queues` and `serve --tunnel-queues`: by default one per CPU.
+    pub queues: Option<u32>,
 }
 
 impl TunnelServe<'_> {
@@ -216,7 +218,11 @@ impl Bubble {
             .arg("--")
             .args(as_unprivileged())
             .arg(env!("CARGO_BIN_EXE_hpk-net-forwarder"))
-            .args(["tunnel-socket", "--bind", &t.endpoint().to_string(), "--"])
+            .args(["tunnel-socket", "--bind", &t.endpoint().to_string()]);
+        if let Some(q) = t.queues {
+            cmd.arg(format!("--queues={q}"));
+        }
+        cmd.arg("--")
             .arg("nsenter")
             .arg(format!("--target={}", self.pid()))
             .args(["--user", "--net", "--mount", "--preserve-credentials", "--"])
@@ -224,6 +230,9 @@ impl Bubble {
             .args(self.serve_args(t.pod_cidr))
             .arg("--tunnel-private-key-file")
             .arg(t.key);
+        if let Some(q) = t.queues {
+            cmd.arg(format!("--tunnel-queues={q}"));
+        }
         for peer in &t.peers {
             cmd.args(["--peer", peer]);
         }
