@@ -7,7 +7,8 @@
 //!
 //! Run (as root, with crun, docker-registry and busybox-static installed):
 //! `cargo bench -p hpk-pod-runtime --bench pods`. With `HPK_BENCH_SAMPLES=FILE` every sample
-//! is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs and compare builds.
+//! is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs and compare builds;
+//! `HPK_BENCH_POD_RUNTIME=PATH` runs another build of the runtime.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
@@ -19,7 +20,11 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
 
-const RUNTIME: &str = env!("CARGO_BIN_EXE_hpk-pod-runtime");
+/// The runtime under test: this build's, or `HPK_BENCH_POD_RUNTIME` (another build's, to
+/// compare with on the same machine).
+fn runtime_binary() -> String {
+    std::env::var("HPK_BENCH_POD_RUNTIME").unwrap_or_else(|_| env!("CARGO_BIN_EXE_hpk-pod-runtime").into())
+}
 const PAUSE: &str = env!("CARGO_BIN_EXE_hpk-pause");
 
 fn main() {
@@ -49,7 +54,7 @@ async fn run() {
     let socket = tmp.path().join("run/cri.sock");
     let cdi_dir = fake_gpu(tmp.path());
     let server = Server(
-        Command::new(RUNTIME)
+        Command::new(runtime_binary())
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--root={}", tmp.path().join("root").display()))
             .arg(format!("--pause-binary={PAUSE}"))

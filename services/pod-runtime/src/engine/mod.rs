@@ -22,6 +22,7 @@ mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 mod logs;
+pub(crate) mod loopback;
 mod rootfs;
 mod spec;
 pub mod sub_path;

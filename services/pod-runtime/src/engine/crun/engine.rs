@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::Crun;
 use crate::engine::{
     ContainerSpec, ContainerState, Created, Engine, EngineKind, Error, ExecIn, NewContainer, Overlay, Result,
-    Root, SandboxSpec, Signal, Stdio3,
+    Root, SandboxSpec, Signal,
 };
 use crate::images::ImageRecord;
 
@@ -62,8 +62,7 @@ impl Engine for CrunEngine {
     fn start_sandbox(&self, spec: &SandboxSpec, dir: &Path) -> Result<()> {
         let bundle = dir.join("bundle");
         spec.write_bundle(&bundle)?;
-        self.crun.create(&spec.id, &bundle, Stdio3::null(), None)?;
-        self.crun.start(&spec.id)
+        self.crun.run_detached(&spec.id, &bundle)
     }
 
     fn sandbox_pid(&self, _id: &str, dir: &Path) -> Result<Option<u32>> {
@@ -83,9 +82,17 @@ impl Engine for CrunEngine {
     }
 
     fn loopback_up(&self, pid: u32) -> Result<()> {
-        self.crun
-            .run_prefixed("nsenter", &[&format!("--net=/proc/{pid}/ns/net"), "ip", "link", "set", "lo", "up"])
-            .map(drop)
+        let netns = format!("/proc/{pid}/ns/net");
+        match crate::engine::loopback::up(&netns) {
+            Ok(()) => Ok(()),
+            // Where this process may not enter the namespace, the tools may.
+            Err(e) => {
+                tracing::debug!(error = %e, "loopback up in-process failed; running ip");
+                self.crun
+                    .run_prefixed("nsenter", &[&format!("--net={netns}"), "ip", "link", "set", "lo", "up"])
+                    .map(drop)
+            }
+        }
     }
 
     fn check_tty(&self, _tty: bool) -> Result<()> {

@@ -158,6 +158,32 @@ impl Crun {
         !self.prefix.is_empty()
     }
 
+    /// `crun run --detach`: create and start in one process (a sandbox's pause, which needs no
+    /// step between the two). Standard streams closed; crun's messages go to `bundle/crun.log`,
+    /// quoted in the error if it fails.
+    pub fn run_detached(&self, id: &str, bundle: &Path) -> Result<()> {
+        let log = bundle.join("crun.log");
+        let mut cmd = self.crun();
+        cmd.arg(format!("--log=file:{}", log.display()))
+            .args(["run", "--detach", "--pid-file"])
+            .arg(bundle.join(INIT_PID))
+            .arg("--bundle")
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let status = cmd.status().map_err(|e| Error::io("run crun run for", bundle, e))?;
+        if !status.success() {
+            return Err(Error::Command {
+                command: format!("crun run --detach {id}"),
+                status: status.to_string(),
+                stderr: std::fs::read_to_string(&log).unwrap_or_default().trim().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// `crun start`.
     pub fn start(&self, id: &str) -> Result<()> {
         run(self.crun().args(["start", id])).map(drop)
