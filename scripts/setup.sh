@@ -45,8 +45,10 @@ setup_packages() {
   # the aarch64-unknown-linux-musl binaries, compile ring's C parts and strip them
   # (.cargo/config.toml); qemu-aarch64-static, which runs the arm64 base's maintainer scripts for
   # mmdebstrap (through binfmt_misc) and the bundle's checks (images/test-arm64.sh), and
-  # arch-test, which mmdebstrap asks whether it can run arm64 binaries at all.
-  apt_install gcc-aarch64-linux-gnu qemu-user-static arch-test
+  # arch-test, which mmdebstrap asks whether it can run arm64 binaries at all. The cross
+  # compiler's C headers (ring includes <stdint.h>) are only its Recommends, which
+  # --no-install-recommends leaves out: named here, or a fresh machine cannot build ring.
+  apt_install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static arch-test
   # htpasswd (bcrypt entries) for the registry that asks for credentials in hpk image push's
   # tests (services/hpk/tests/push.rs).
   apt_install apache2-utils
