@@ -129,7 +129,9 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         }
     }
     let engine: std::sync::Arc<dyn Engine> = match kind {
-        EngineKind::Crun => std::sync::Arc::new(CrunEngine::new(crun)),
+        EngineKind::Crun => {
+            std::sync::Arc::new(CrunEngine::new(crun.with_read_only_binary(&args.root.join("bin"))))
+        }
         EngineKind::Apptainer => std::sync::Arc::new(ApptainerEngine::new(
             Apptainer::new(&args.root.join("apptainer"), args.insecure_registries.clone()).with_programs(
                 crate::engine::resolve_program("apptainer"),

@@ -1,0 +1,111 @@
+//! crun from a read-only mount skips copying itself, as a site user would run it: the test
+//! binary runs the test again (as [`child_runs_crun_read_only`]) inside
+//! `unshare --user --map-root-user --mount`, as `nobody` when the test runs as root, with the
+//! user's own (writable) copy of crun first on PATH, so the child is root of a one-ID bubble
+//! with a private mount namespace, as the runtime is.
+//!
+//! Whether crun copied itself shows in the dynamic loader's trace (`LD_DEBUG=files`): a crun
+//! that re-executes its copy initializes the program twice.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use super::*;
+
+const WORK: &str = "HPK_TEST_CRUN_READ_ONLY_WORK";
+/// The host user the child runs as when the test is root.
+const NOBODY: u32 = 65534;
+
+/// How many times crun's program was initialized running `crun list` as `crun` runs it.
+fn initializations(crun: &Crun) -> usize {
+    let mut cmd = crun.crun();
+    cmd.args(["list", "--quiet"]).env("LD_DEBUG", "files");
+    let out = cmd.output().expect("runs crun");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "crun list failed: {said}");
+    said.lines().filter(|l| l.contains("initialize program:")).count()
+}
+
+/// The child's part: in its own mount namespace, with `work/bin/crun` (writable, the user's)
+/// first on PATH.
+fn child_runs_crun_read_only(work: &Path) {
+    let user_crun = work.join("bin/crun");
+    assert_eq!(crate::engine::resolve_program("crun"), user_crun, "the user's crun is first on PATH");
+    let plain = Crun::new(&work.join("state"));
+    assert!(!plain.runs_read_only());
+    assert_eq!(initializations(&plain), 2, "crun from a writable file copies itself and runs the copy");
+
+    let crun = Crun::new(&work.join("state")).with_read_only_binary(&work.join("ro"));
+    assert!(crun.runs_read_only(), "crun runs from a read-only mount");
+    assert_eq!(crun.binary(), work.join("ro/crun"));
+    let denied = fs::OpenOptions::new().write(true).open(crun.binary()).expect_err("not writable");
+    assert_eq!(denied.raw_os_error(), Some(nix::libc::EROFS), "{denied}");
+    assert!(
+        fs::OpenOptions::new().write(true).open(&user_crun).is_ok(),
+        "the user's own file stays writable"
+    );
+    assert_eq!(initializations(&crun), 1, "crun from the read-only mount runs without copying itself");
+
+    // A second runtime in the same place (a restart) mounts again over the file it left.
+    let again = Crun::new(&work.join("state")).with_read_only_binary(&work.join("ro"));
+    assert!(again.runs_read_only());
+    // With a prefix crun runs in another mount namespace: nothing is mounted for it.
+    let prefixed = Crun::new(&work.join("state")).with_prefix(["env"]).with_read_only_binary(&work.join("p"));
+    assert!(!prefixed.runs_read_only());
+    assert!(!work.join("p").exists());
+}
+
+#[test]
+fn crun_runs_from_a_read_only_mount_without_copying_itself() {
+    if let Some(work) = std::env::var_os(WORK) {
+        return child_runs_crun_read_only(Path::new(&work));
+    }
+    let crun = crate::engine::resolve_program("crun");
+    if !crun.is_absolute() {
+        hpk_test_support::skip("crun is not on PATH (scripts/setup.sh installs it)");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir on the root disk");
+    let work = dir.path().join("work");
+    fs::create_dir_all(work.join("bin")).expect("bin");
+    fs::copy(&crun, work.join("bin/crun")).expect("the user's own crun");
+    let mut prefix: Vec<String> = Vec::new();
+    if nix::unistd::geteuid().is_root() {
+        for path in [work.clone(), work.join("bin"), work.join("bin/crun")] {
+            std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
+        }
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let id = NOBODY.to_string();
+        prefix.extend(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"].map(str::to_owned));
+    }
+    prefix.extend(["unshare", "--user", "--map-root-user", "--mount"].map(str::to_owned));
+    let allowed = Command::new(&prefix[0]).args(&prefix[1..]).arg("true").status();
+    if !allowed.is_ok_and(|s| s.success()) {
+        hpk_test_support::skip("this machine does not let a user make a user namespace (unshare --user)");
+        return;
+    }
+    let path = std::env::join_paths(
+        std::iter::once(work.join("bin"))
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .expect("PATH");
+    let name = module_path!().split_once("::").map_or(module_path!(), |(_, rest)| rest);
+    let output = Command::new(&prefix[0])
+        .args(&prefix[1..])
+        .arg(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            &format!("{name}::crun_runs_from_a_read_only_mount_without_copying_itself"),
+            "--nocapture",
+        ])
+        .env(WORK, &work)
+        .env("PATH", path)
+        .output()
+        .expect("runs unshare");
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the child failed:\n{said}");
+    assert!(said.contains("1 passed"), "the child ran no test:\n{said}");
+}
