@@ -95,7 +95,7 @@ impl Crun {
         }
         match read_only_copy(&found, dir) {
             Ok(binary) => {
-                tracing::debug!(crun = %binary.display(), "crun runs from a read-only mount");
+                tracing::info!(crun = %binary.display(), "crun runs from a read-only mount");
                 self.binary = binary;
                 self.read_only_binary = true;
             }
@@ -468,11 +468,14 @@ fn private_proc() -> std::io::Result<()> {
 }
 
 /// `binary` as it lies where it already is on a read-only mount, else bind-mounted read-only
-/// onto `dir/crun` (in this process's mount namespace); checked to be read-only either way.
+/// onto `dir/crun` (in this process's mount namespace). Either way checked to be read-only, and
+/// the bind checked to be `binary` itself (same device and inode); `dir/crun` is never followed
+/// if it is a link.
 fn read_only_copy(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
     use nix::mount::{MsFlags, mount};
     use nix::sys::statvfs::{FsFlags, statvfs};
-    let read_only = |path: &Path| statvfs(path).is_ok_and(|fs| fs.flags().contains(FsFlags::ST_RDONLY));
     let source = statvfs(binary)?.flags();
     if source.contains(FsFlags::ST_RDONLY) {
         return Ok(binary.to_owned());
@@ -492,18 +495,34 @@ fn read_only_copy(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     }
     std::fs::create_dir_all(dir)?;
     let target = dir.join("crun");
-    if !read_only(&target) {
-        std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&target)?;
-        mount(Some(binary), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
-        mount(
-            None::<&str>,
-            &target,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | keep,
-            None::<&str>,
-        )?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&target)
+        .or_else(|e| match e.raw_os_error() {
+            // Already bound read-only (a second engine in this namespace): checked below.
+            Some(nix::libc::EROFS) => Ok(std::fs::File::open(&target)?),
+            _ => Err(e),
+        })?;
+    mount(Some(binary), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
+    mount(
+        None::<&str>,
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | keep,
+        None::<&str>,
+    )?;
+    let (bound, original) = (std::fs::symlink_metadata(&target)?, std::fs::metadata(binary)?);
+    if (bound.dev(), bound.ino()) != (original.dev(), original.ino()) {
+        return Err(std::io::Error::other(format!(
+            "{} is not {} after the bind",
+            target.display(),
+            binary.display()
+        )));
     }
-    if !read_only(&target) {
+    if !statvfs(&target)?.flags().contains(FsFlags::ST_RDONLY) {
         return Err(std::io::Error::other(format!(
             "{} is still writable after a read-only bind",
             target.display()

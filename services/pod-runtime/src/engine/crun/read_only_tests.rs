@@ -51,6 +51,17 @@ fn child_runs_crun_read_only(work: &Path) {
     // A second runtime in the same place (a restart) mounts again over the file it left.
     let again = Crun::new(&work.join("state")).with_read_only_binary(&work.join("ro"));
     assert!(again.runs_read_only());
+    // A link where the bind would go is not followed: crun copies itself instead.
+    fs::create_dir_all(work.join("l")).expect("mkdir");
+    fs::write(work.join("elsewhere"), "keep").expect("write");
+    std::os::unix::fs::symlink(work.join("elsewhere"), work.join("l/crun")).expect("symlink");
+    let linked = Crun::new(&work.join("state")).with_read_only_binary(&work.join("l"));
+    assert!(!linked.runs_read_only(), "a link at the bind's place is refused");
+    assert_eq!(fs::read_to_string(work.join("elsewhere")).expect("read"), "keep");
+    assert!(
+        fs::OpenOptions::new().append(true).open(work.join("elsewhere")).is_ok(),
+        "nothing was bound over it"
+    );
     // With a prefix crun runs in another mount namespace: nothing is mounted for it.
     let prefixed = Crun::new(&work.join("state")).with_prefix(["env"]).with_read_only_binary(&work.join("p"));
     assert!(!prefixed.runs_read_only());
