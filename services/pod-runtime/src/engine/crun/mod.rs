@@ -475,21 +475,23 @@ fn read_only_copy(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
     use nix::mount::{MsFlags, mount};
-    use nix::sys::statvfs::{FsFlags, statvfs};
-    let source = statvfs(binary)?.flags();
-    if source.contains(FsFlags::ST_RDONLY) {
+    use rustix::fs::{StatVfsMountFlags as St, statvfs};
+    /// The kernel's ST_RELATIME (as glibc names it; musl and so rustix's constants lack it).
+    const ST_RELATIME: St = St::from_bits_retain(0x1000);
+    let source = statvfs(binary)?.f_flag;
+    if source.contains(St::RDONLY) {
         return Ok(binary.to_owned());
     }
     // A remount in a user namespace must keep the flags the source's mount locked (nosuid,
     // nodev, noexec, the atime ones): carry them all over.
     let mut keep = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    for (fs, ms) in [
-        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
-        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
-        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    for (st, ms) in [
+        (St::NOEXEC, MsFlags::MS_NOEXEC),
+        (St::NOATIME, MsFlags::MS_NOATIME),
+        (St::NODIRATIME, MsFlags::MS_NODIRATIME),
+        (ST_RELATIME, MsFlags::MS_RELATIME),
     ] {
-        if source.contains(fs) {
+        if source.contains(st) {
             keep |= ms;
         }
     }
@@ -522,7 +524,7 @@ fn read_only_copy(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
             binary.display()
         )));
     }
-    if !statvfs(&target)?.flags().contains(FsFlags::ST_RDONLY) {
+    if !statvfs(&target)?.f_flag.contains(St::RDONLY) {
         return Err(std::io::Error::other(format!(
             "{} is still writable after a read-only bind",
             target.display()
