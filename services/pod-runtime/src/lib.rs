@@ -17,6 +17,8 @@ pub mod engine;
 pub use hpk_node_resources::ids as idmap;
 pub mod images;
 pub mod logshim;
+#[cfg(test)]
+mod one_id;
 pub mod pause;
 pub mod remote;
 pub mod runtime;

@@ -93,7 +93,7 @@ impl Crun {
         if !found.is_absolute() {
             return self;
         }
-        match read_only_copy(&found, dir) {
+        match bind_read_only(&found, dir) {
             Ok(binary) => {
                 tracing::info!(crun = %binary.display(), "crun runs from a read-only mount");
                 self.binary = binary;
@@ -106,17 +106,6 @@ impl Crun {
             ),
         }
         self
-    }
-
-    /// The crun binary run.
-    pub fn binary(&self) -> &Path {
-        &self.binary
-    }
-
-    /// Whether crun runs from a read-only mount, without copying itself
-    /// ([`Crun::with_read_only_binary`]).
-    pub fn runs_read_only(&self) -> bool {
-        self.read_only_binary
     }
 
     /// Runs crun (and mounts) through `prefix`, e.g. `nsenter --mount=/proc/N/ns/mnt --`, when
@@ -167,9 +156,7 @@ impl Crun {
     pub fn prefixed(&self, program: impl Into<OsString>) -> Command {
         let mut all = self.prefix.clone();
         all.push(program.into());
-        let mut cmd = Command::new(&all[0]);
-        cmd.args(&all[1..]);
-        cmd
+        command(&all)
     }
 
     /// Runs `program args` through the prefix to completion.
@@ -180,20 +167,17 @@ impl Crun {
     /// crun with the global options, to be started through [`Crun::started`]: in a sandbox
     /// without a prefix, its child makes the private mount namespace and /proc itself.
     fn crun(&self) -> Command {
-        let mut cmd = match (self.sandbox, self.has_prefix()) {
-            (Some(_), false) => {
-                let mut cmd = Command::new(&self.binary);
-                // SAFETY: `private_proc` makes only system calls (unshare, mount) on static,
-                // NUL-terminated strings: no allocation, no lock, nothing that is unsafe in the
-                // child of a multi-threaded process between fork and exec.
-                #[allow(unsafe_code)]
-                unsafe {
-                    std::os::unix::process::CommandExt::pre_exec(&mut cmd, private_proc);
-                }
-                cmd
-            }
-            _ => return self.crun_through_prefix(),
-        };
+        if self.entered_sandbox().is_none() {
+            return self.crun_through_prefix();
+        }
+        let mut cmd = Command::new(&self.binary);
+        // SAFETY: `private_proc` makes only system calls (unshare, mount) on static,
+        // NUL-terminated strings: no allocation, no lock, nothing that is unsafe in the child
+        // of a multi-threaded process between fork and exec.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, private_proc);
+        }
         self.global_options(&mut cmd);
         cmd
     }
@@ -206,8 +190,7 @@ impl Crun {
             all.extend(Self::sandbox_prefix(pause_pid));
         }
         all.push(self.binary.clone().into_os_string());
-        let mut cmd = Command::new(&all[0]);
-        cmd.args(&all[1..]);
+        let mut cmd = command(&all);
         self.global_options(&mut cmd);
         cmd
     }
@@ -438,6 +421,13 @@ impl Crun {
     }
 }
 
+/// `all[0] all[1..]`.
+fn command(all: &[OsString]) -> Command {
+    let mut cmd = Command::new(&all[0]);
+    cmd.args(&all[1..]);
+    cmd
+}
+
 /// In the child, before crun executes: a mount namespace of its own in which the host's mounts
 /// propagate in but none propagates out (rslave), with a /proc of the PID namespace the child
 /// is in (the sandbox's) — what `unshare --mount --propagation slave --mount-proc` does.
@@ -471,7 +461,7 @@ fn private_proc() -> std::io::Result<()> {
 /// onto `dir/crun` (in this process's mount namespace). Either way checked to be read-only, and
 /// the bind checked to be `binary` itself (same device and inode); `dir/crun` is never followed
 /// if it is a link.
-fn read_only_copy(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+fn bind_read_only(binary: &Path, dir: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 
     use nix::mount::{MsFlags, mount};

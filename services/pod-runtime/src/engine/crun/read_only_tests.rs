@@ -10,13 +10,11 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use super::*;
+use crate::one_id::NOBODY;
 
 const WORK: &str = "HPK_TEST_CRUN_READ_ONLY_WORK";
-/// The host user the child runs as when the test is root.
-const NOBODY: u32 = 65534;
 
 /// How many times crun's program was initialized running `crun list` as `crun` runs it.
 fn initializations(crun: &Crun) -> usize {
@@ -34,13 +32,13 @@ fn child_runs_crun_read_only(work: &Path) {
     let user_crun = work.join("bin/crun");
     assert_eq!(crate::engine::resolve_program("crun"), user_crun, "the user's crun is first on PATH");
     let plain = Crun::new(&work.join("state"));
-    assert!(!plain.runs_read_only());
+    assert!(!plain.read_only_binary);
     assert_eq!(initializations(&plain), 2, "crun from a writable file copies itself and runs the copy");
 
     let crun = Crun::new(&work.join("state")).with_read_only_binary(&work.join("ro"));
-    assert!(crun.runs_read_only(), "crun runs from a read-only mount");
-    assert_eq!(crun.binary(), work.join("ro/crun"));
-    let denied = fs::OpenOptions::new().write(true).open(crun.binary()).expect_err("not writable");
+    assert!(crun.read_only_binary, "crun runs from a read-only mount");
+    assert_eq!(crun.binary, work.join("ro/crun"));
+    let denied = fs::OpenOptions::new().write(true).open(&crun.binary).expect_err("not writable");
     assert_eq!(denied.raw_os_error(), Some(nix::libc::EROFS), "{denied}");
     assert!(
         fs::OpenOptions::new().write(true).open(&user_crun).is_ok(),
@@ -50,13 +48,13 @@ fn child_runs_crun_read_only(work: &Path) {
 
     // A second runtime in the same place (a restart) mounts again over the file it left.
     let again = Crun::new(&work.join("state")).with_read_only_binary(&work.join("ro"));
-    assert!(again.runs_read_only());
+    assert!(again.read_only_binary);
     // A link where the bind would go is not followed: crun copies itself instead.
     fs::create_dir_all(work.join("l")).expect("mkdir");
     fs::write(work.join("elsewhere"), "keep").expect("write");
     std::os::unix::fs::symlink(work.join("elsewhere"), work.join("l/crun")).expect("symlink");
     let linked = Crun::new(&work.join("state")).with_read_only_binary(&work.join("l"));
-    assert!(!linked.runs_read_only(), "a link at the bind's place is refused");
+    assert!(!linked.read_only_binary, "a link at the bind's place is refused");
     assert_eq!(fs::read_to_string(work.join("elsewhere")).expect("read"), "keep");
     assert!(
         fs::OpenOptions::new().append(true).open(work.join("elsewhere")).is_ok(),
@@ -64,7 +62,7 @@ fn child_runs_crun_read_only(work: &Path) {
     );
     // With a prefix crun runs in another mount namespace: nothing is mounted for it.
     let prefixed = Crun::new(&work.join("state")).with_prefix(["env"]).with_read_only_binary(&work.join("p"));
-    assert!(!prefixed.runs_read_only());
+    assert!(!prefixed.read_only_binary);
     assert!(!work.join("p").exists());
 }
 
@@ -82,41 +80,25 @@ fn crun_runs_from_a_read_only_mount_without_copying_itself() {
     let work = dir.path().join("work");
     fs::create_dir_all(work.join("bin")).expect("bin");
     fs::copy(&crun, work.join("bin/crun")).expect("the user's own crun");
-    let mut prefix: Vec<String> = Vec::new();
     if nix::unistd::geteuid().is_root() {
         for path in [work.clone(), work.join("bin"), work.join("bin/crun")] {
             std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
         }
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-        let id = NOBODY.to_string();
-        prefix.extend(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"].map(str::to_owned));
-    }
-    prefix.extend(["unshare", "--user", "--map-root-user", "--mount"].map(str::to_owned));
-    let allowed = Command::new(&prefix[0]).args(&prefix[1..]).arg("true").status();
-    if !allowed.is_ok_and(|s| s.success()) {
-        hpk_test_support::skip("this machine does not let a user make a user namespace (unshare --user)");
-        return;
     }
     let path = std::env::join_paths(
         std::iter::once(work.join("bin"))
             .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
     )
     .expect("PATH");
-    let name = module_path!().split_once("::").map_or(module_path!(), |(_, rest)| rest);
-    let output = Command::new(&prefix[0])
-        .args(&prefix[1..])
-        .arg(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            &format!("{name}::crun_runs_from_a_read_only_mount_without_copying_itself"),
-            "--nocapture",
-        ])
-        .env(WORK, &work)
-        .env("PATH", path)
-        .output()
-        .expect("runs unshare");
-    let said =
-        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "the child failed:\n{said}");
-    assert!(said.contains("1 passed"), "the child ran no test:\n{said}");
+    let (prefix, _) = crate::one_id::prefix(&["--mount"]);
+    let ran = crate::one_id::rerun(
+        &prefix,
+        module_path!(),
+        "crun_runs_from_a_read_only_mount_without_copying_itself",
+        &[(WORK, work.as_os_str()), ("PATH", path.as_os_str())],
+    );
+    if ran.is_none() {
+        hpk_test_support::skip("this machine does not let a user make a user namespace (unshare --user)");
+    }
 }

@@ -7,7 +7,6 @@
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::Command;
 
 use super::*;
 use crate::images::OVERRIDE_XATTR;
@@ -15,8 +14,7 @@ use crate::images::reference::sha256_digest;
 
 const BLOB: &str = "HPK_TEST_ONE_ID_BLOB";
 const STORE: &str = "HPK_TEST_ONE_ID_STORE";
-/// The host user the child runs as when the test is root.
-const NOBODY: u32 = 65534;
+use crate::one_id::NOBODY;
 
 /// `(path, type, mode, uid, gid, link target)`; devices are 1:3.
 type Entry = (&'static str, tar::EntryType, u32, u32, u32, &'static str);
@@ -76,39 +74,17 @@ fn child_unpacks(blob: &std::ffi::OsStr, store: &std::ffi::OsStr) {
     unpack(&layout, Path::new(blob), &sha256_digest(&tar)).expect("a layer of other users' files unpacks");
 }
 
-/// The command that makes the one-ID namespace: `unshare --user --map-root-user`, as nobody
-/// when this test runs as root (root's own namespace would map root, not a plain user).
-fn unshare_prefix() -> (Vec<String>, u32) {
-    let mut prefix = Vec::new();
-    let mut host_uid = nix::unistd::geteuid().as_raw();
-    if host_uid == 0 {
-        let id = NOBODY.to_string();
-        prefix.extend(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"].map(str::to_owned));
-        host_uid = NOBODY;
-    }
-    prefix.extend(["unshare", "--user", "--map-root-user"].map(str::to_owned));
-    (prefix, host_uid)
-}
-
 /// Runs [`child_unpacks`] in a one-ID namespace; `None` when this machine does not let users
-/// make user namespaces. Gives the child's output and its host uid.
-fn run_child(blob: &Path, store: &Path) -> Option<(std::process::Output, u32)> {
-    let (prefix, host_uid) = unshare_prefix();
-    let allowed = Command::new(&prefix[0]).args(&prefix[1..]).arg("true").status();
-    if !allowed.is_ok_and(|s| s.success()) {
-        return None;
-    }
-    let exe = std::env::current_exe().expect("test binary");
-    let name = module_path!().split_once("::").map_or(module_path!(), |(_, rest)| rest);
-    let output = Command::new(&prefix[0])
-        .args(&prefix[1..])
-        .arg(exe)
-        .args(["--exact", &format!("{name}::unpacks_in_a_one_id_bubble"), "--nocapture"])
-        .env(BLOB, blob)
-        .env(STORE, store)
-        .output()
-        .expect("runs unshare");
-    Some((output, host_uid))
+/// make user namespaces. Gives the child's host uid.
+fn run_child(blob: &Path, store: &Path) -> Option<u32> {
+    let (prefix, host_uid) = crate::one_id::prefix(&[]);
+    crate::one_id::rerun(
+        &prefix,
+        module_path!(),
+        "unpacks_in_a_one_id_bubble",
+        &[(BLOB, blob.as_os_str()), (STORE, store.as_os_str())],
+    )?;
+    Some(host_uid)
 }
 
 #[test]
@@ -127,14 +103,10 @@ fn unpacks_in_a_one_id_bubble() {
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
     }
     let store = work.join("store");
-    let Some((output, host_uid)) = run_child(&blob, &store) else {
+    let Some(host_uid) = run_child(&blob, &store) else {
         hpk_test_support::skip("this machine does not let a user make a user namespace (unshare --user)");
         return;
     };
-    let said =
-        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "the child failed:\n{said}");
-    assert!(said.contains("1 passed"), "the child ran no test:\n{said}");
     let root = Layout::create(&store).expect("layout").layer(&sha256_digest(&tar));
     check_kept_and_recorded(&root, host_uid);
 }
