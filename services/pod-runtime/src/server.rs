@@ -1,6 +1,6 @@
 //! `run`: open the image store, set up the runtime, serve CRI on a UNIX socket until shutdown.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use k8s_cri::v1::image_service_server::ImageServiceServer;
 use k8s_cri::v1::runtime_service_server::RuntimeServiceServer;
@@ -21,9 +21,14 @@ pub struct ServeArgs {
     /// The CRI socket (0600, in a 0700 directory).
     #[arg(long, env = "HPK_POD_RUNTIME_SOCKET", default_value = "/run/hpk/pod-runtime.sock")]
     pub socket: PathBuf,
-    /// State directory: images, sandboxes, containers.
+    /// State directory: images, containers (their writable layers).
     #[arg(long, env = "HPK_POD_RUNTIME_ROOT", default_value = "/var/lib/hpk/pod-runtime")]
     pub root: PathBuf,
+    /// Where what lasts only as long as the pods' processes goes (sandboxes, events sockets,
+    /// crun's state), best a tmpfs of this user's alone: `hpk` gives the bubble's `/run/hpk/pod-runtime`
+    /// [default: the root].
+    #[arg(long, env = "HPK_POD_RUNTIME_STATE")]
+    pub state: Option<PathBuf>,
     /// The hpk-pause binary [default: hpk-pause next to this binary].
     #[arg(long, env = "HPK_PAUSE_BINARY")]
     pub pause_binary: Option<PathBuf>,
@@ -117,7 +122,11 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         &args.root.join("images"),
         StoreOptions { insecure_registries: args.insecure_registries.clone() },
     )?;
-    let crun = Crun::new(&args.root.join("crun"));
+    let state = args.state.clone().unwrap_or_else(|| args.root.clone());
+    if args.state.is_some() {
+        private_dir(&state)?;
+    }
+    let crun = Crun::new(&state.join("crun"));
     let kind = args.engine.resolve(crate::engine::on_path);
     if kind == EngineKind::Apptainer {
         for program in ["apptainer", "nsenter"] {
@@ -143,6 +152,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
     tracing::info!(engine = kind.name(), requested = ?args.engine, "engine");
     let config = runtime::Config {
         root: args.root.clone(),
+        state,
         pause_binary,
         pause_grace_seconds: args.pod_grace_seconds,
         cgroup_mode: args.cgroup_mode,
@@ -245,4 +255,76 @@ async fn remote_listener(
     Ok(hpk_rpc::Listener::mutual_tls(addr, &tls.cert, &tls.key, &tls.client_ca, &tls.client_names)
         .await?
         .with_http1(handler))
+}
+
+/// Makes `--state` (0700) where it is missing, and refuses one that is a link, not a
+/// directory, or another user's: crun's state and the sandboxes' sockets there steer
+/// containers, so nobody else may plant or swap them (the bubble's `/run` is its own, but a
+/// runtime started by hand may be given a shared `/dev/shm` or `/tmp`).
+fn private_dir(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let refuse = |why: String| Error::Config(format!("--state {}: {why}", path.display()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| refuse(format!("cannot create it: {e}")))?;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| refuse(format!("cannot inspect it: {e}")))?;
+    if meta.file_type().is_symlink() {
+        return Err(refuse("it is a symbolic link; give the directory itself".into()));
+    }
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(refuse(format!("it belongs to UID {}, not to this user (UID {uid})", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("cannot make it 0700: {e}")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn state_dir_is_made_private_and_a_foreign_or_linked_one_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let made = tmp.path().join("a/b");
+        private_dir(&made).expect("made");
+        assert_eq!(std::fs::metadata(&made).expect("meta").mode() & 0o777, 0o700);
+
+        let loose = tmp.path().join("loose");
+        std::fs::create_dir(&loose).expect("mkdir");
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        private_dir(&loose).expect("tightened");
+        assert_eq!(std::fs::metadata(&loose).expect("meta").mode() & 0o777, 0o700);
+
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&made, &link).expect("symlink");
+        let err = private_dir(&link).expect_err("a link").to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").expect("write");
+        let err = private_dir(&file).expect_err("a file").to_string();
+        assert!(err.contains("cannot create") || err.contains("not a directory"), "{err}");
+
+        // Another user's directory: only root can make one here.
+        if nix::unistd::geteuid().is_root() {
+            let theirs = tmp.path().join("theirs");
+            std::fs::create_dir(&theirs).expect("mkdir");
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+            let err = private_dir(&theirs).expect_err("another user's").to_string();
+            assert!(err.contains("belongs to UID 65534"), "{err}");
+            assert_eq!(std::fs::metadata(&theirs).expect("meta").uid(), 65534, "left alone");
+        } else {
+            eprintln!("not root: the another-user case needs a directory chowned to another UID");
+        }
+    }
 }

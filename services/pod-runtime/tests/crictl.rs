@@ -148,9 +148,10 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
         rt.ok(&["rm", &cid]);
         // Nothing of the refused containers exists.
         assert_eq!(rt.ok(&["ps", "-a", "-q"]), "");
-        let leftovers =
-            std::fs::read_dir(tmp.path().join("root/containers")).expect("containers dir").count();
-        assert_eq!(leftovers, 0);
+        for dir in ["state/containers", "root/layers"] {
+            let leftovers = std::fs::read_dir(tmp.path().join(dir)).expect("containers dir").count();
+            assert_eq!(leftovers, 0, "{dir}");
+        }
         rt.ok(&["rmp", "-f", &pod_id]);
     });
 }

@@ -93,7 +93,9 @@ async fn a_container_runs_in_a_sandbox_and_its_output_is_logged() {
 
     // A container joining it, on an overlay of a busybox layer.
     let c_dir = tmp.path().join("c1");
-    let overlay = Overlay::new(&c_dir, vec![busybox_layer(&tmp.path().join("layer"))]).expect("overlay");
+    let overlay =
+        Overlay::new(&c_dir, &tmp.path().join("c1-layer"), vec![busybox_layer(&tmp.path().join("layer"))])
+            .expect("overlay");
     overlay.mount(&crun).expect("mount overlay");
     let spec = ContainerSpec {
         id: "c1".into(),

@@ -121,8 +121,10 @@ async fn a_killed_runtime_takes_its_pods_back() {
             rt.ok(&["rmp", "-f", pod_id]);
         }
         assert_eq!(rt.ok(&["pods", "-q"]), "");
-        let leftovers = std::fs::read_dir(tmp.path().join("root/containers")).expect("containers").count();
-        assert_eq!(leftovers, 0, "removed containers leave no directories");
+        for dir in ["state/containers", "root/layers"] {
+            let leftovers = std::fs::read_dir(tmp.path().join(dir)).expect("containers").count();
+            assert_eq!(leftovers, 0, "removed containers leave nothing in {dir}");
+        }
     });
 }
 
@@ -135,13 +137,13 @@ async fn half_created_state_is_removed_at_start() {
     let tmp = tempfile::tempdir().expect("tempdir");
     // What a runtime killed in the middle of RunPodSandbox and CreateContainer leaves: a
     // directory without records.
-    let sandbox = tmp.path().join("root/sandboxes").join("a".repeat(64));
-    let container = tmp.path().join("root/containers").join("b".repeat(64));
+    let sandbox = tmp.path().join("state/sandboxes").join("a".repeat(64));
+    let container = tmp.path().join("state/containers").join("b".repeat(64));
     for dir in [&sandbox, &container] {
         std::fs::create_dir_all(dir.join("bundle")).expect("dir");
     }
     // And a record that does not parse.
-    let broken = tmp.path().join("root/sandboxes").join("c".repeat(64));
+    let broken = tmp.path().join("state/sandboxes").join("c".repeat(64));
     std::fs::create_dir_all(&broken).expect("dir");
     std::fs::write(broken.join("config.json"), b"{").expect("write");
     std::fs::write(broken.join("state.json"), b"{}").expect("write");

@@ -206,8 +206,8 @@ fn run_and_read(rt: &Runtime, id: &str) -> (String, Option<(u64, u64)>) {
 }
 
 /// The staging point of the container's first mount, seen in the runtime's mount namespace.
-fn staging_of(rt: &Runtime, runtime_root: &Path, id: &str) -> PathBuf {
-    let inner = runtime_root.join("containers").join(id).join("sub-paths/0");
+fn staging_of(rt: &Runtime, runtime_state: &Path, id: &str) -> PathBuf {
+    let inner = runtime_state.join("containers").join(id).join("sub-paths/0");
     PathBuf::from(format!("/proc/{}/root{}", rt.pid(), inner.display()))
 }
 
@@ -226,7 +226,7 @@ async fn a_sub_path_mount_shows_the_volume_and_goes_with_its_container() {
         let (pod_id, pod) = sandbox(&rt, &dir, "sub");
         let ctr = sub_path_container(&dir, "reader", &reference, &volume.root, "d/etc");
         let id = rt.ok(&["create", &pod_id, &ctr, &pod]);
-        let staging = staging_of(&rt, &dir.join("root"), &id);
+        let staging = staging_of(&rt, &dir.join("state"), &id);
         assert_eq!(identity(&staging).expect("staging point"), volume.inside);
         let (logs, seen) = run_and_read(&rt, &id);
         assert!(logs.contains("inside the volume\nmarker"), "{logs}");
@@ -248,7 +248,7 @@ async fn a_sub_path_mount_shows_the_volume_and_goes_with_its_container() {
         let err = rt.fails(&["create", &pod_id, &linked, &pod]);
         assert!(err.contains("\\\"l\\\" is a symbolic link"), "{err}");
         assert_eq!(rt.ok(&["ps", "-a", "-q"]), "");
-        let left = std::fs::read_dir(dir.join("root/containers")).expect("containers").count();
+        let left = std::fs::read_dir(dir.join("state/containers")).expect("containers").count();
         assert_eq!(left, 0, "a refused create leaves no container directory");
     });
 }
@@ -287,7 +287,7 @@ async fn a_remote_kubelets_stored_files_are_pinned_too() {
         let points = PathBuf::from(format!(
             "/proc/{}/root{}",
             rt.pid(),
-            dir.join("root/containers").join(&id).join("sub-paths").display()
+            dir.join("state/containers").join(&id).join("sub-paths").display()
         ));
         assert!(points.join("0").is_dir() && points.join("1").is_file(), "a directory and a file pinned");
         let (logs, _) = run_and_read(&rt, &id);
@@ -324,7 +324,7 @@ async fn a_restarted_runtime_removes_a_sub_path_container_and_keeps_the_volume()
     tokio::task::block_in_place(|| first.kill());
     let rt = tokio::task::block_in_place(|| Runtime::start(&dir, &registry.host_port()));
     tokio::task::block_in_place(|| {
-        let points = dir.join("root/containers").join(&id).join("sub-paths");
+        let points = dir.join("state/containers").join(&id).join("sub-paths");
         assert!(points.join("0").is_dir(), "the staging point is still there");
         rt.ok(&["rm", &id]);
         assert!(!points.exists(), "removed with its container");
@@ -362,7 +362,7 @@ async fn create_container_never_mounts_the_host_while_a_link_is_swapped_in() {
             if out.status.success() {
                 let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
                 // The staging point in the runtime's namespace, and /data in the container.
-                let staged = identity(&staging_of(&rt, &dir.join("root"), &id)).ok();
+                let staged = identity(&staging_of(&rt, &dir.join("state"), &id)).ok();
                 let (logs, seen) = run_and_read(&rt, &id);
                 rt.ok(&["rm", "--force", &id]);
                 match (staged, seen) {

@@ -175,6 +175,8 @@ pub(super) fn net_forwarder_args() -> Vec<String> {
 
 /// The pod-runtime's CRI socket in every bubble.
 pub(super) const CRI_SOCKET: &str = "/run/hpk/cri.sock";
+/// The pod-runtime's `--state`, on the bubble's `/run` tmpfs.
+pub(super) const RUNTIME_STATE: &str = "/run/hpk/pod-runtime";
 
 /// The pod-runtime's flags every bubble gives it: its socket, state, pause, the
 /// net-forwarder's socket and the registries allowed over plain HTTP.
@@ -182,6 +184,9 @@ pub(super) fn runtime_args(args: &InitArgs, nf_socket: &str) -> Vec<String> {
     let mut runtime = vec![
         format!("--socket={CRI_SOCKET}"),
         format!("--root={}", Path::new(NODE_DIR).join("runtime").display()),
+        // The bubble's /run is a tmpfs of its own: what lasts only as long as the pods'
+        // processes (sandboxes, events sockets, crun's state) is kept off the node's disk.
+        format!("--state={RUNTIME_STATE}"),
         "--pause-binary=/usr/local/bin/hpk-pause".into(),
         format!("--net-forwarder-socket={nf_socket}"),
         format!("--cdi-spec-dir={}", crate::bubble::gpus::CDI_DIR),

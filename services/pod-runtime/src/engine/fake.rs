@@ -168,10 +168,19 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
-    fn prepare_root(&self, dir: &Path, _layers: Vec<PathBuf>, _image: &ImageRecord) -> Result<Root> {
+    fn prepare_root(
+        &self,
+        dir: &Path,
+        writable: &Path,
+        _layers: Vec<PathBuf>,
+        _image: &ImageRecord,
+    ) -> Result<Root> {
         self.call("prepare_root", &dir.display().to_string())?;
         let rootfs = dir.join("rootfs");
-        std::fs::create_dir_all(&rootfs).map_err(|e| Error::io("create", &rootfs, e))?;
+        // As the overlay's: the root in the container's directory, its writable layer apart.
+        for d in [rootfs.clone(), writable.join("upper"), writable.join("work")] {
+            std::fs::create_dir_all(&d).map_err(|e| Error::io("create", &d, e))?;
+        }
         self.inner().roots.push(dir.to_owned());
         Ok(Root { image: rootfs.clone(), files: Some(rootfs) })
     }

@@ -212,9 +212,16 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// Refuses a terminal where the engine cannot give one.
     fn check_tty(&self, tty: bool) -> Result<()>;
 
-    /// The root of a new container in `dir`, from the image's `layers` (crun mounts them) or
-    /// the image itself (Apptainer's SIF). [`Engine::unmount`] undoes it.
-    fn prepare_root(&self, dir: &Path, layers: Vec<PathBuf>, image: &ImageRecord) -> Result<Root>;
+    /// The root of a new container in `dir`, from the image's `layers` (crun mounts them, with
+    /// the container's writable layer in `writable`) or the image itself (Apptainer's SIF).
+    /// [`Engine::unmount`] undoes it.
+    fn prepare_root(
+        &self,
+        dir: &Path,
+        writable: &Path,
+        layers: Vec<PathBuf>,
+        image: &ImageRecord,
+    ) -> Result<Root>;
 
     /// Creates the container, waiting for start.
     fn create_container(&self, new: NewContainer<'_>) -> Result<Created>;

@@ -17,11 +17,15 @@ pub struct Overlay {
 }
 
 impl Overlay {
-    /// An overlay in `dir` (creating `rootfs`, `upper`, `work` there) over `lowers`, top-most
-    /// first.
-    pub fn new(dir: &Path, lowers: Vec<PathBuf>) -> Result<Self> {
-        let overlay =
-            Self { target: dir.join("rootfs"), upper: dir.join("upper"), work: dir.join("work"), lowers };
+    /// An overlay mounted on `dir/rootfs`, its writable layer in `writable` (`upper`, `work`:
+    /// one filesystem, as overlayfs needs), over `lowers`, top-most first; creates the three.
+    pub fn new(dir: &Path, writable: &Path, lowers: Vec<PathBuf>) -> Result<Self> {
+        let overlay = Self {
+            target: Self::target_in(dir),
+            upper: writable.join("upper"),
+            work: writable.join("work"),
+            lowers,
+        };
         for d in [&overlay.target, &overlay.upper, &overlay.work] {
             std::fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
         }
@@ -54,19 +58,34 @@ impl Overlay {
             .map(drop)
     }
 
+    /// Where the overlay of a container whose directory is `dir` is mounted.
+    fn target_in(dir: &Path) -> PathBuf {
+        dir.join("rootfs")
+    }
+
     /// Unmounts it; not mounted is fine.
     pub fn unmount(&self, crun: &Crun) -> Result<()> {
-        if !crun.has_prefix() {
-            use nix::mount::{MntFlags, umount2};
-            return match umount2(&self.target, MntFlags::empty()) {
-                // Not a mount point (never mounted, or mounted in a namespace that is gone).
-                Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
-                Err(e) => Err(Error::io("unmount", &self.target, e.into())),
-            };
-        }
-        match run(crun.prefixed("umount").arg(&self.target)) {
-            Err(Error::Command { stderr, .. }) if stderr.contains("not mounted") => Ok(()),
-            other => other.map(drop),
-        }
+        unmount(&self.target, crun)
+    }
+
+    /// Unmounts the overlay of the container whose directory is `dir`; not mounted is fine.
+    pub fn unmount_in(dir: &Path, crun: &Crun) -> Result<()> {
+        unmount(&Self::target_in(dir), crun)
+    }
+}
+
+/// Unmounts `target` (through crun's prefix where it has one); not mounted is fine.
+fn unmount(target: &Path, crun: &Crun) -> Result<()> {
+    if !crun.has_prefix() {
+        use nix::mount::{MntFlags, umount2};
+        return match umount2(target, MntFlags::empty()) {
+            // Not a mount point (never mounted, or mounted in a namespace that is gone).
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+            Err(e) => Err(Error::io("unmount", target, e.into())),
+        };
+    }
+    match run(crun.prefixed("umount").arg(target)) {
+        Err(Error::Command { stderr, .. }) if stderr.contains("not mounted") => Ok(()),
+        other => other.map(drop),
     }
 }

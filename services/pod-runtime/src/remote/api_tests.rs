@@ -21,6 +21,7 @@ const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 fn runtime(root: &Path) -> Arc<Runtime> {
     let config = Config {
         root: root.to_owned(),
+        state: root.to_owned(),
         pause_binary: "/nonexistent/hpk-pause".into(),
         pause_grace_seconds: 1,
         cgroup_mode: CgroupMode::V2,
@@ -37,7 +38,7 @@ fn runtime(root: &Path) -> Arc<Runtime> {
 async fn add_container(runtime: &Runtime, id: &str, log: &Path, state: cri::ContainerState) {
     let container = Container {
         id: id.into(),
-        dir: runtime.config.root.join("containers").join(id),
+        dir: runtime.config.state.join("containers").join(id),
         sandbox_id: "s".repeat(64),
         config: cri::ContainerConfig::default(),
         image_ref: String::new(),

@@ -126,7 +126,7 @@ impl Runtime {
         let id = new_id()?;
         let dir = self.container_dir(&id);
         if let Err(err) = super::sub_path::pin(&dir, held, &mut mounts) {
-            let _ = super::sub_path::remove_container_dir(&dir);
+            let _ = self.remove_container_files(&id, &dir);
             return Err(err);
         }
         let layers = self.images.layers(&image);
@@ -156,7 +156,7 @@ impl Runtime {
             Err(err) => {
                 let _ = self.engine.delete_container(&id, &dir, pause_pid);
                 let _ = self.engine.unmount(&dir);
-                let _ = super::sub_path::remove_container_dir(&dir);
+                let _ = self.remove_container_files(&id, &dir);
                 return Err(err);
             }
         };
@@ -185,7 +185,7 @@ impl Runtime {
         if let Err(err) = container.save_all() {
             let _ = self.engine.delete_container(&id, &container.dir, pause_pid);
             let _ = self.engine.unmount(&container.dir);
-            let _ = super::sub_path::remove_container_dir(&container.dir);
+            let _ = self.remove_container_files(&id, &container.dir);
             return Err(err);
         }
         let mut state = self.state.lock().await;
@@ -337,7 +337,7 @@ impl Runtime {
         config: &cri::ContainerConfig,
         output: Output,
     ) -> Result<Created> {
-        let root = self.engine.prepare_root(dir, layers, image)?;
+        let root = self.engine.prepare_root(dir, &self.writable_dir(id), layers, image)?;
         // Names resolve in the image's own /etc/passwd and /etc/group, where the engine can read
         // them; else only numeric users do.
         let files = root.files.clone().unwrap_or_else(|| PathBuf::from("/nonexistent"));
@@ -472,7 +472,7 @@ impl Runtime {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         self.engine.unmount(&dir)?;
-        super::sub_path::remove_container_dir(&dir)?;
+        self.remove_container_files(&id, &dir)?;
         let mut state = self.state.lock().await;
         self.emit(&state, &id, cri::ContainerEventType::ContainerDeletedEvent);
         state.containers.remove(&id);

@@ -5,14 +5,16 @@ use super::{Result, Runtime};
 use crate::images::{Credentials, ImageRecord};
 
 impl Runtime {
-    /// Whether the engine works (CRI `RuntimeReady`): the runtime's directory takes a file,
-    /// and the engine runs. `Err` says why not. Runs processes: call it off the async threads.
+    /// Whether the engine works (CRI `RuntimeReady`): the runtime's directories (root and
+    /// state) take a file, and the engine runs. `Err` says why not. Runs processes: call it
+    /// off the async threads.
     pub fn engine_ready(&self) -> std::result::Result<(), String> {
-        let probe = self.config.root.join(".ready-probe");
-        std::fs::write(&probe, b"").map_err(|e| {
-            format!("the runtime's directory {} takes no file: {e}", self.config.root.display())
-        })?;
-        let _ = std::fs::remove_file(&probe);
+        for dir in [&self.config.root, &self.config.state] {
+            let probe = dir.join(".ready-probe");
+            std::fs::write(&probe, b"")
+                .map_err(|e| format!("the runtime's directory {} takes no file: {e}", dir.display()))?;
+            let _ = std::fs::remove_file(&probe);
+        }
         let name = self.engine_name();
         self.engine.ready().map_err(|e| format!("{name} does not run: {e}"))
     }

@@ -45,8 +45,14 @@ const EVENT_BACKLOG: usize = 1024;
 /// How the runtime is set up.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// State directory: sandboxes, containers, crun state (0700).
+    /// What may grow with what containers write: their writable layers (`layers/ID`) (0700).
     pub root: PathBuf,
+    /// What lasts only as long as the pods' processes and stays small: the sandboxes' and
+    /// containers' directories (bundles, records, output FIFOs, the hosts/hostname/resolv.conf
+    /// files, exec scratch), the events sockets and crun's state (0700). The root itself, or
+    /// a tmpfs (the bubble's `/run`): a pod start then makes 11 of its 49 files and
+    /// directories on the node's disk, the writable layer's.
+    pub state: PathBuf,
     /// The hpk-pause binary bind-mounted into every sandbox.
     pub pause_binary: PathBuf,
     /// Seconds a sandbox's pause gives processes after SIGTERM.
@@ -158,10 +164,18 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime over `images`, keeping state under `config.root`, running pods with `engine`.
+    /// A runtime over `images`, keeping its files under `config.root` and `config.state`,
+    /// running pods with `engine`.
     pub fn new(config: Config, engine: Arc<dyn Engine>, images: ImageStore) -> Result<Arc<Self>> {
-        for dir in ["sandboxes", "containers", "crun", "ev"] {
-            let path = config.root.join(dir);
+        let dirs = [
+            (&config.root, "layers"),
+            (&config.state, "containers"),
+            (&config.state, "sandboxes"),
+            (&config.state, "crun"),
+            (&config.state, "ev"),
+        ];
+        for (base, dir) in dirs {
+            let path = base.join(dir);
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
         }
         let (events, _) = tokio::sync::broadcast::channel(EVENT_BACKLOG);
@@ -222,7 +236,7 @@ impl Runtime {
     /// The directory of a sandbox's events socket, kept short: a UNIX socket path has at most
     /// 107 bytes, and a sandbox directory holds a 64-digit ID.
     pub(crate) fn events_dir(&self, id: &str) -> PathBuf {
-        self.config.root.join("ev").join(&id[..id.len().min(16)])
+        self.config.state.join("ev").join(&id[..id.len().min(16)])
     }
 
     /// The attach socket of a container's shim, beside its sandbox's events socket (short:
@@ -232,11 +246,27 @@ impl Runtime {
     }
 
     pub(crate) fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.config.root.join("sandboxes").join(id)
+        self.config.state.join("sandboxes").join(id)
     }
 
     pub(crate) fn container_dir(&self, id: &str) -> PathBuf {
-        self.config.root.join("containers").join(id)
+        self.config.state.join("containers").join(id)
+    }
+
+    /// Where a container's writable layer (overlayfs' `upper` and `work`) is kept.
+    pub(crate) fn writable_dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("layers").join(id)
+    }
+
+    /// Removes a container's directory (see [`sub_path::remove_container_dir`]), then its
+    /// writable layer; call once the container is deleted and its root unmounted.
+    pub(crate) fn remove_container_files(&self, id: &str, dir: &Path) -> Result<()> {
+        sub_path::remove_container_dir(dir)?;
+        let writable = self.writable_dir(id);
+        match std::fs::remove_dir_all(&writable) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("remove", &writable, e)),
+            _ => Ok(()),
+        }
     }
 
     /// Where a remote kubelet's files for its pods are stored (connector mode).

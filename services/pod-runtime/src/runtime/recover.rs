@@ -9,7 +9,8 @@
 //! code 255, reason `Unknown`, as containerd does for an exit it could not collect.
 //!
 //! A directory without records is a create that never finished: it is removed, with the crun
-//! container and mounts it may have.
+//! container and mounts it may have. So is a writable layer whose container is not taken back
+//! (the state directory is a tmpfs that did not outlive its bubble, where the root did).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,7 +50,7 @@ impl Runtime {
     pub async fn recover(self: &Arc<Self>) -> Result<Recovered> {
         let mut found = Recovered::default();
         let mut sandboxes = HashMap::new();
-        for id in entries(&self.config.root.join("sandboxes"))? {
+        for id in entries(&self.config.state.join("sandboxes"))? {
             let dir = self.sandbox_dir(&id);
             match load_sandbox(&id, &dir) {
                 Ok(Some(sandbox)) => {
@@ -67,7 +68,7 @@ impl Runtime {
             }
         }
         let mut containers = HashMap::new();
-        for id in entries(&self.config.root.join("containers"))? {
+        for id in entries(&self.config.state.join("containers"))? {
             let dir = self.container_dir(&id);
             let loaded = load_container(&id, &dir);
             let keep = matches!(&loaded, Ok(Some(c)) if sandboxes.contains_key(&c.sandbox_id));
@@ -86,9 +87,18 @@ impl Runtime {
                     };
                     let _ = self.engine.delete_container(&id, &dir, pause_pid);
                     let _ = self.engine.unmount(&dir);
-                    let _ = super::sub_path::remove_container_dir(&dir);
+                    let _ = self.remove_container_files(&id, &dir);
                     found.removed += 1;
                 }
+            }
+        }
+        for id in entries(&self.config.root.join("layers"))? {
+            if !containers.contains_key(&id) {
+                let writable = self.writable_dir(&id);
+                if let Err(e) = std::fs::remove_dir_all(&writable) {
+                    warn!(container = %id, error = %e, "cannot remove a writable layer no container has");
+                }
+                found.removed += 1;
             }
         }
         found.containers = containers.len();

@@ -38,6 +38,8 @@ fn runtime_with_store(root: &Path, engine: &Arc<FakeEngine>, store: &str) -> Arc
     std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let config = Config {
         root: root.join("state"),
+        // Apart, as the bubble has them (its /run), so that each test checks both places.
+        state: root.join("volatile"),
         pause_binary: "/nonexistent/hpk-pause".into(),
         pause_grace_seconds: 1,
         cgroup_mode: CgroupMode::V2,
@@ -88,15 +90,14 @@ fn container_config(name: &str) -> cri::ContainerConfig {
 
 /// The entries of a directory of the runtime's state (sandboxes, containers, ev).
 fn entries(runtime: &Runtime, dir: &str) -> Vec<PathBuf> {
-    std::fs::read_dir(runtime.config.root.join(dir))
-        .map(|r| r.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default()
+    let base = if dir == "layers" { &runtime.config.root } else { &runtime.config.state };
+    std::fs::read_dir(base.join(dir)).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default()
 }
 
 /// Nothing of any sandbox or container is left: in the engine, on disk, in the state.
 async fn assert_nothing_left(runtime: &Runtime, engine: &FakeEngine, after: &str) {
     assert_eq!(engine.held(), (0, 0, 0), "engine objects (sandboxes, containers, roots) after {after}");
-    for dir in ["sandboxes", "containers", "ev"] {
+    for dir in ["sandboxes", "containers", "layers", "ev"] {
         assert!(entries(runtime, dir).is_empty(), "{dir} after {after}: {:?}", entries(runtime, dir));
     }
     let state = runtime.state.lock().await;
@@ -260,8 +261,10 @@ async fn failed_starts_and_removes_keep_what_a_retry_needs() {
 }
 
 /// A restarted runtime: a create it never finished (a directory without records) is removed
-/// with what the engine may hold of it; a sandbox whose pause is gone is not ready, and its
-/// running container exited with it; both can then be removed.
+/// with what the engine may hold of it and its writable layer, and so is a writable layer whose
+/// container's directory is gone (a state tmpfs that did not outlive its bubble); a sandbox
+/// whose pause is gone is not ready, and its running container exited with it; both can then
+/// be removed.
 #[tokio::test]
 async fn recovery_removes_half_made_containers_and_marks_dead_sandboxes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -271,8 +274,14 @@ async fn recovery_removes_half_made_containers_and_marks_dead_sandboxes() {
     let container = first.create_container(&sandbox, container_config("app")).await.expect("create");
     first.start_container(&container).await.expect("start");
     engine.pause_dies_unseen(&sandbox);
-    let half = first.config.root.join("containers").join("f".repeat(64));
+    let half = first.config.state.join("containers").join("f".repeat(64));
     std::fs::create_dir_all(half.join("bundle")).expect("half-made container");
+    let half_layer = first.writable_dir(&"f".repeat(64));
+    std::fs::create_dir_all(half_layer.join("upper")).expect("its writable layer");
+    let orphan = first.writable_dir(&"e".repeat(64));
+    std::fs::create_dir_all(orphan.join("upper/tmp")).expect("a layer without a container");
+    let kept_layer = first.writable_dir(&container);
+    assert!(kept_layer.join("upper").is_dir(), "the container's writable layer is under the root");
     drop(first);
 
     let second = runtime_with_store(dir.path(), &engine, "images-2");
@@ -280,9 +289,12 @@ async fn recovery_removes_half_made_containers_and_marks_dead_sandboxes() {
     let found = second.recover().await.expect("recover");
     assert_eq!(
         (found.running_sandboxes, found.stopped_sandboxes, found.containers, found.removed),
-        (0, 1, 1, 1)
+        (0, 1, 1, 2)
     );
     assert!(!half.exists(), "the half-made container's directory");
+    assert!(!half_layer.exists(), "the half-made container's writable layer");
+    assert!(!orphan.exists(), "the writable layer no container has");
+    assert!(kept_layer.join("upper").is_dir(), "the recovered container keeps its writable layer");
     assert_eq!(engine.calls()[before..], ["delete_container", "unmount", "sandbox_state"]);
     {
         let state = second.state.lock().await;

@@ -185,7 +185,8 @@ impl Runtime {
         let running = c.state == cri::ContainerState::ContainerRunning;
         let usage = if running { usage.unwrap_or_default() } else { Usage::default() };
         let value = |v: u64| Some(cri::UInt64Value { value: v });
-        let (bytes, inodes) = disk_usage(&c.dir.join("upper"));
+        let upper = self.writable_dir(&c.id).join("upper");
+        let (bytes, inodes) = disk_usage(&upper);
         cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
                 id: c.id.clone(),
@@ -205,9 +206,7 @@ impl Runtime {
             }),
             writable_layer: Some(cri::FilesystemUsage {
                 timestamp: now,
-                fs_id: Some(cri::FilesystemIdentifier {
-                    mountpoint: c.dir.join("upper").display().to_string(),
-                }),
+                fs_id: Some(cri::FilesystemIdentifier { mountpoint: upper.display().to_string() }),
                 used_bytes: value(bytes),
                 inodes_used: value(inodes),
             }),

@@ -187,7 +187,7 @@ impl Runtime {
         let (pid_file, log) = (scratch.join("pid"), scratch.join("crun.log"));
         // A UNIX socket path has at most 107 bytes: the console socket lives in a short
         // directory beside the events sockets, not under the container's.
-        let short = self.config.root.join("ev");
+        let short = self.config.state.join("ev");
         let console_dir = tempfile::Builder::new()
             .prefix("tty")
             .tempdir_in(&short)

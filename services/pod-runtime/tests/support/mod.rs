@@ -62,6 +62,8 @@ impl Runtime {
         let child = Command::new(RUNTIME)
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--root={}", dir.join("root").display()))
+            // Apart from the root, as in a bubble (its /run).
+            .arg(format!("--state={}", dir.join("state").display()))
             .arg(format!("--pause-binary={PAUSE}"))
             .arg(format!("--insecure-registry={registry}"))
             .arg("--pod-grace-seconds=2")

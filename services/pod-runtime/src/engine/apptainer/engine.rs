@@ -156,7 +156,13 @@ impl Engine for ApptainerEngine {
         Ok(())
     }
 
-    fn prepare_root(&self, _dir: &Path, _layers: Vec<PathBuf>, image: &ImageRecord) -> Result<Root> {
+    fn prepare_root(
+        &self,
+        _dir: &Path,
+        _writable: &Path,
+        _layers: Vec<PathBuf>,
+        image: &ImageRecord,
+    ) -> Result<Root> {
         let sif = self.sif_of(image).ok_or_else(|| Error::NotFound {
             kind: "image (as an Apptainer SIF; pull it again)",
             id: image.repo_tags.first().cloned().unwrap_or_else(|| image.id.clone()),

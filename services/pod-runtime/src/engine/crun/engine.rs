@@ -99,8 +99,14 @@ impl Engine for CrunEngine {
         Ok(())
     }
 
-    fn prepare_root(&self, dir: &Path, layers: Vec<PathBuf>, _image: &ImageRecord) -> Result<Root> {
-        let overlay = Overlay::new(dir, layers)?;
+    fn prepare_root(
+        &self,
+        dir: &Path,
+        writable: &Path,
+        layers: Vec<PathBuf>,
+        _image: &ImageRecord,
+    ) -> Result<Root> {
+        let overlay = Overlay::new(dir, writable, layers)?;
         overlay.mount(&self.crun)?;
         Ok(Root { image: overlay.target.clone(), files: Some(overlay.target) })
     }
@@ -170,7 +176,7 @@ impl Engine for CrunEngine {
     }
 
     fn unmount(&self, dir: &Path) -> Result<()> {
-        Overlay::new(dir, vec![])?.unmount(&self.crun)
+        Overlay::unmount_in(dir, &self.crun)
     }
 
     fn exec(&self, exec: ExecIn<'_>) -> Result<tokio::process::Command> {
