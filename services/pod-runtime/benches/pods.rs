@@ -9,6 +9,11 @@
 //! `cargo bench -p hpk-pod-runtime --bench pods`. With `HPK_BENCH_SAMPLES=FILE` every sample
 //! is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs and compare builds;
 //! `HPK_BENCH_POD_RUNTIME=PATH` runs another build of the runtime.
+//!
+//! The runtime's root is a temporary directory (`TMPDIR`: the node's disk, as the bubble's node
+//! directory is). Its `--state` goes where the bubble puts it, on a tmpfs: a fresh directory in
+//! `/dev/shm`, or in `HPK_BENCH_STATE=DIR`; `HPK_BENCH_STATE=root` leaves it in the root (the
+//! runtime's default, and the only choice for a build without `--state`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, Command, Stdio};
@@ -32,6 +37,16 @@ fn main() {
     runtime.block_on(run());
 }
 
+/// Where the runtime's `--state` goes (see the module's comment); `None`: in its root.
+fn state_dir() -> Option<tempfile::TempDir> {
+    let base = match std::env::var("HPK_BENCH_STATE") {
+        Ok(v) if v == "root" => return None,
+        Ok(dir) => std::path::PathBuf::from(dir),
+        Err(_) => "/dev/shm".into(),
+    };
+    Some(tempfile::Builder::new().prefix("hpk-bench-state").tempdir_in(&base).expect("state directory"))
+}
+
 struct Server(Child);
 
 impl Drop for Server {
@@ -53,8 +68,19 @@ async fn run() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let socket = tmp.path().join("run/cri.sock");
     let cdi_dir = fake_gpu(tmp.path());
+    let state = state_dir();
+    match &state {
+        Some(dir) => {
+            println!("runtime root in {}, its --state in {}", tmp.path().display(), dir.path().display())
+        }
+        None => println!("runtime root and state in {}", tmp.path().display()),
+    }
+    let mut command = Command::new(runtime_binary());
+    if let Some(dir) = &state {
+        command.arg(format!("--state={}", dir.path().display()));
+    }
     let server = Server(
-        Command::new(runtime_binary())
+        command
             .arg(format!("--socket={}", socket.display()))
             .arg(format!("--root={}", tmp.path().join("root").display()))
             .arg(format!("--pause-binary={PAUSE}"))
