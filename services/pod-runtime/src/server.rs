@@ -258,11 +258,13 @@ async fn remote_listener(
 }
 
 /// Makes `--state` (0700) where it is missing, and refuses one that is a link, not a
-/// directory, or another user's: crun's state and the sandboxes' sockets there steer
-/// containers, so nobody else may plant or swap them (the bubble's `/run` is its own, but a
-/// runtime started by hand may be given a shared `/dev/shm` or `/tmp`).
+/// directory, another user's or open to others: crun's state and the sandboxes' sockets there
+/// steer containers, so nobody else may plant or swap them (the bubble's `/run` is its own, but
+/// a runtime started by hand may be given a shared `/dev/shm` or `/tmp`). A directory open to
+/// others is not tightened: what they may have planted in it would stay (as
+/// `hpk_rpc::unix::ensure_private_dir` does for socket directories).
 fn private_dir(path: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let refuse = |why: String| Error::Config(format!("--state {}: {why}", path.display()));
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -280,9 +282,9 @@ fn private_dir(path: &Path) -> Result<(), Error> {
     if meta.uid() != uid {
         return Err(refuse(format!("it belongs to UID {}, not to this user (UID {uid})", meta.uid())));
     }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| refuse(format!("cannot make it 0700: {e}")))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(refuse(format!("it has mode {mode:04o}, open to other users; it must be 0700")));
     }
     Ok(())
 }
@@ -293,7 +295,7 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
-    fn state_dir_is_made_private_and_a_foreign_or_linked_one_refused() {
+    fn state_dir_is_made_private_and_a_foreign_open_or_linked_one_refused() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let made = tmp.path().join("a/b");
         private_dir(&made).expect("made");
@@ -302,8 +304,9 @@ mod tests {
         let loose = tmp.path().join("loose");
         std::fs::create_dir(&loose).expect("mkdir");
         std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        private_dir(&loose).expect("tightened");
-        assert_eq!(std::fs::metadata(&loose).expect("meta").mode() & 0o777, 0o700);
+        let err = private_dir(&loose).expect_err("open to others").to_string();
+        assert!(err.contains("mode 0777"), "{err}");
+        assert_eq!(std::fs::metadata(&loose).expect("meta").mode() & 0o777, 0o777, "left alone");
 
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&made, &link).expect("symlink");
