@@ -260,11 +260,12 @@ async fn remote_listener(
 /// Makes `--state` (0700) where it is missing, and refuses one that is a link, not a
 /// directory, another user's or open to others: crun's state and the sandboxes' sockets there
 /// steer containers, so nobody else may plant or swap them (the bubble's `/run` is its own, but
-/// a runtime started by hand may be given a shared `/dev/shm` or `/tmp`). A directory open to
-/// others is not tightened: what they may have planted in it would stay (as
-/// `hpk_rpc::unix::ensure_private_dir` does for socket directories).
+/// a runtime started by hand may be given a shared `/dev/shm` or `/tmp`). One that others may
+/// write is refused, not tightened: what they may have planted in it would stay; one they may
+/// only read or search (0755) is made 0700, since the records there hold containers'
+/// environments.
 fn private_dir(path: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let refuse = |why: String| Error::Config(format!("--state {}: {why}", path.display()));
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -283,8 +284,12 @@ fn private_dir(path: &Path) -> Result<(), Error> {
         return Err(refuse(format!("it belongs to UID {}, not to this user (UID {uid})", meta.uid())));
     }
     let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(refuse(format!("it has mode {mode:04o}: other users may write it; give a 0700 one")));
+    }
     if mode & 0o077 != 0 {
-        return Err(refuse(format!("it has mode {mode:04o}, open to other users; it must be 0700")));
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("cannot make it 0700: {e}")))?;
     }
     Ok(())
 }
@@ -307,6 +312,12 @@ mod tests {
         let err = private_dir(&loose).expect_err("open to others").to_string();
         assert!(err.contains("mode 0777"), "{err}");
         assert_eq!(std::fs::metadata(&loose).expect("meta").mode() & 0o777, 0o777, "left alone");
+
+        let readable = tmp.path().join("readable");
+        std::fs::create_dir(&readable).expect("mkdir");
+        std::fs::set_permissions(&readable, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        private_dir(&readable).expect("tightened");
+        assert_eq!(std::fs::metadata(&readable).expect("meta").mode() & 0o777, 0o700);
 
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&made, &link).expect("symlink");
