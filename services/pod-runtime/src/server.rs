@@ -138,9 +138,10 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> Result<(), Err
         }
     }
     let engine: std::sync::Arc<dyn Engine> = match kind {
-        EngineKind::Crun => {
-            std::sync::Arc::new(CrunEngine::new(crun.with_read_only_binary(&args.root.join("bin"))))
-        }
+        EngineKind::Crun => std::sync::Arc::new(
+            CrunEngine::new(crun.with_read_only_binary(&args.root.join("bin")))
+                .with_mount_points(&state.join("mount-points")),
+        ),
         EngineKind::Apptainer => std::sync::Arc::new(ApptainerEngine::new(
             Apptainer::new(&args.root.join("apptainer"), args.insecure_registries.clone()).with_programs(
                 crate::engine::resolve_program("apptainer"),

@@ -155,3 +155,120 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
         rt.ok(&["rmp", "-f", &pod_id]);
     });
 }
+
+/// The mount points every container gets (`/proc`, `/dev`, `/sys`, the pod's `/etc/hosts`,
+/// `hostname` and `resolv.conf`) come from a shared layer below the image where the image lacks
+/// them, so a container that writes nothing leaves its writable layer empty; where an image has
+/// a path, or hides it with a whiteout, the image's view is what the container sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_points_the_image_lacks_are_not_made_in_the_writable_layer() {
+    use hpk_integration::image::{ImageConfig, LayerBuilder, build_image, busybox_layer};
+    if !tools_present(CRICTL_TOOLS) {
+        return;
+    }
+    let (registry, plain, _) = registry_with_shell_image().await;
+    // An image whose /etc is 0750 and whose top layer hides /etc/hostname (a whiteout).
+    let mut top = LayerBuilder::new();
+    top.dir("etc", 0o750).unwrap().file("etc/.wh.hostname", "", 0o644).unwrap();
+    let config = ImageConfig {
+        cmd: vec!["sh".to_owned()],
+        env: vec!["PATH=/bin".to_owned()],
+        ..ImageConfig::default()
+    };
+    let image = build_image(vec![busybox_layer().unwrap(), top.build().unwrap()], &config).unwrap();
+    hpk_integration::registry::Client::new(&registry.url())
+        .unwrap()
+        .push("hpk/hidden", "v1", &image)
+        .await
+        .expect("push");
+    let hidden = format!("{}/hpk/hidden:v1", registry.host_port());
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::task::block_in_place(|| Runtime::start(tmp.path(), &registry.host_port()));
+    tokio::task::block_in_place(|| {
+        let pod = write_json(
+            &tmp.path().join("pod.json"),
+            serde_json::json!({
+                "metadata": {"name": "points", "namespace": "default", "uid": "uid-points", "attempt": 0},
+                "hostname": "points-host",
+                "log_directory": tmp.path().join("logs"),
+            }),
+        );
+        let pod_id = rt.ok(&["runp", &pod]);
+        let mut started = Vec::new();
+        for (name, reference) in [("plain", &plain), ("hidden", &hidden)] {
+            rt.ok(&["pull", reference]);
+            let ctr = write_json(
+                &tmp.path().join(format!("{name}.json")),
+                serde_json::json!({
+                    "metadata": {"name": name},
+                    "image": {"image": reference},
+                    "command": ["sh", "-c", "stat -c 'etc %a %u' /etc; echo \"name $(cat /etc/hostname)\"; ls -d /proc/self /sys/kernel; exec sleep 30"],
+                    "log_path": format!("{name}.log"),
+                }),
+            );
+            let id = rt.ok(&["create", &pod_id, &ctr, &pod]);
+            rt.ok(&["start", &id]);
+            started.push((name, id));
+        }
+        for (name, id) in &started {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let out = loop {
+                let out = rt.ok(&["logs", id]);
+                if out.contains("/sys/kernel") {
+                    break out;
+                }
+                assert!(Instant::now() < deadline, "{name}: logs so far: {out}");
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let mode = if *name == "plain" { "etc 755 0" } else { "etc 750 0" };
+            assert!(out.contains(mode), "{name}: the image's /etc shows: {out}");
+            assert!(out.contains("name points-host"), "{name}: the pod's hostname is mounted: {out}");
+            assert!(out.contains("/proc/self"), "{name}: {out}");
+            // What the container's writable layer holds, relative to its `upper`.
+            let upper = tmp.path().join("root/layers").join(id).join("upper");
+            let mut made: Vec<String> = walk(&upper)
+                .into_iter()
+                .map(|p| p.strip_prefix(&upper).unwrap().display().to_string())
+                .collect();
+            made.sort();
+            if *name == "plain" {
+                assert!(
+                    made.is_empty(),
+                    "a container that wrote nothing left {made:?} in its writable layer"
+                );
+            } else {
+                // The whiteout hides the shared layer's hostname: crun makes it, as without one.
+                assert_eq!(
+                    made,
+                    ["etc", "etc/hostname"],
+                    "the hidden mount point is made where it always was"
+                );
+            }
+        }
+        let points = tmp.path().join("state/mount-points");
+        let layers: Vec<String> = std::fs::read_dir(&points)
+            .expect("mount points")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(layers, ["v1-7"], "one layer, made once, for containers given the same mount points");
+        for (_, id) in &started {
+            rt.ok(&["rm", "-f", id]);
+        }
+        rt.ok(&["rmp", "-f", &pod_id]);
+        let left = std::fs::read_dir(tmp.path().join("root/layers")).expect("layers").count();
+        assert_eq!(left, 0, "the writable layers go with their containers");
+    });
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        all.push(entry.path());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            all.extend(walk(&entry.path()));
+        }
+    }
+    all
+}

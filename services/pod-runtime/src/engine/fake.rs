@@ -174,6 +174,7 @@ impl Engine for FakeEngine {
         writable: &Path,
         _layers: Vec<PathBuf>,
         _image: &ImageRecord,
+        _destinations: &[&str],
     ) -> Result<Root> {
         self.call("prepare_root", &dir.display().to_string())?;
         let rootfs = dir.join("rootfs");

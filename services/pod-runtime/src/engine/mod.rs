@@ -214,13 +214,14 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 
     /// The root of a new container in `dir`, from the image's `layers` (crun mounts them, with
     /// the container's writable layer in `writable`) or the image itself (Apptainer's SIF).
-    /// [`Engine::unmount`] undoes it.
+    /// `destinations` are where the container's binds go. [`Engine::unmount`] undoes it.
     fn prepare_root(
         &self,
         dir: &Path,
         writable: &Path,
         layers: Vec<PathBuf>,
         image: &ImageRecord,
+        destinations: &[&str],
     ) -> Result<Root>;
 
     /// Creates the container, waiting for start.

@@ -337,7 +337,8 @@ impl Runtime {
         config: &cri::ContainerConfig,
         output: Output,
     ) -> Result<Created> {
-        let root = self.engine.prepare_root(dir, &self.writable_dir(id), layers, image)?;
+        let destinations: Vec<&str> = mounts.iter().map(|m| m.dest.as_str()).collect();
+        let root = self.engine.prepare_root(dir, &self.writable_dir(id), layers, image, &destinations)?;
         // Names resolve in the image's own /etc/passwd and /etc/group, where the engine can read
         // them; else only numeric users do.
         let files = root.files.clone().unwrap_or_else(|| PathBuf::from("/nonexistent"));

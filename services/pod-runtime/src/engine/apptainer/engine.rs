@@ -162,6 +162,7 @@ impl Engine for ApptainerEngine {
         _writable: &Path,
         _layers: Vec<PathBuf>,
         image: &ImageRecord,
+        _destinations: &[&str],
     ) -> Result<Root> {
         let sif = self.sif_of(image).ok_or_else(|| Error::NotFound {
             kind: "image (as an Apptainer SIF; pull it again)",

@@ -14,12 +14,22 @@ use crate::images::ImageRecord;
 #[derive(Clone, Debug)]
 pub struct CrunEngine {
     crun: Crun,
+    /// Where the layers of mount points are kept ([`CrunEngine::with_mount_points`]).
+    mount_points: Option<PathBuf>,
 }
 
 impl CrunEngine {
     /// An engine running `crun`.
     pub fn new(crun: Crun) -> Self {
-        Self { crun }
+        Self { crun, mount_points: None }
+    }
+
+    /// Puts a layer of the mount points each container is given below its image's layers,
+    /// kept in `dir` (see `mount_points`), so that crun makes none in the writable layer.
+    pub fn with_mount_points(mut self, dir: &Path) -> Self {
+        super::mount_points::remove_unfinished(dir);
+        self.mount_points = Some(dir.to_owned());
+        self
     }
 
     /// crun for a container of the sandbox whose pause is `pause_pid`: inside its PID namespace
@@ -103,9 +113,20 @@ impl Engine for CrunEngine {
         &self,
         dir: &Path,
         writable: &Path,
-        layers: Vec<PathBuf>,
+        mut layers: Vec<PathBuf>,
         _image: &ImageRecord,
+        destinations: &[&str],
     ) -> Result<Root> {
+        // Below the image's layers: the mount points the image lacks, so that crun need not
+        // make them in the writable layer (see mount_points).
+        if let Some(base) = &self.mount_points {
+            match super::mount_points::layer(base, destinations) {
+                Ok(points) => layers.push(points),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no layer of mount points; crun makes the missing ones in the container's writable layer")
+                }
+            }
+        }
         let overlay = Overlay::new(dir, writable, layers)?;
         overlay.mount(&self.crun)?;
         Ok(Root { image: overlay.target.clone(), files: Some(overlay.target) })

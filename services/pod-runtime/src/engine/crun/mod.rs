@@ -11,6 +11,7 @@ use super::error::run;
 use super::{Error, Result};
 
 mod engine;
+mod mount_points;
 
 pub use engine::CrunEngine;
 
