@@ -8,7 +8,8 @@
 //! Run (as root, with crun, docker-registry and busybox-static installed):
 //! `cargo bench -p hpk-pod-runtime --bench pods`. With `HPK_BENCH_SAMPLES=FILE` every sample
 //! is also appended to FILE (`measurement<TAB>milliseconds`), to pool runs and compare builds;
-//! `HPK_BENCH_POD_RUNTIME=PATH` runs another build of the runtime.
+//! `HPK_BENCH_POD_RUNTIME=PATH` runs another build of the runtime. The runtime starts without
+//! cargo's `LD_LIBRARY_PATH` (`HPK_BENCH_KEEP_LD_LIBRARY_PATH=1` keeps it), as in a bubble.
 //!
 //! The runtime's root is a temporary directory (`TMPDIR`: the node's disk, as the bubble's node
 //! directory is). Its `--state` goes where the bubble puts it, on a tmpfs: a fresh directory in
@@ -76,6 +77,12 @@ async fn run() {
         None => println!("runtime root and state in {}", tmp.path().display()),
     }
     let mut command = Command::new(runtime_binary());
+    // cargo puts the build's directories on LD_LIBRARY_PATH, and crun would search them all for
+    // each of its libraries on every run (about 140 failed opens a run); a bubble's runtime has
+    // no such path. HPK_BENCH_KEEP_LD_LIBRARY_PATH=1 keeps it.
+    if std::env::var_os("HPK_BENCH_KEEP_LD_LIBRARY_PATH").is_none() {
+        command.env_remove("LD_LIBRARY_PATH");
+    }
     if let Some(dir) = &state {
         command.arg(format!("--state={}", dir.path().display()));
     }

@@ -159,7 +159,8 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
 /// The mount points every container gets (`/proc`, `/dev`, `/sys`, the pod's `/etc/hosts`,
 /// `hostname` and `resolv.conf`) come from a shared layer below the image where the image lacks
 /// them, so a container that writes nothing leaves its writable layer empty; where an image has
-/// a path, or hides it with a whiteout, the image's view is what the container sees.
+/// a path, or hides it with a whiteout, the image's view is what the container sees. Once
+/// created, the container's root is mounted in its own namespace only, not the runtime's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mount_points_the_image_lacks_are_not_made_in_the_writable_layer() {
     use hpk_integration::image::{ImageConfig, LayerBuilder, build_image, busybox_layer};
@@ -221,6 +222,14 @@ async fn mount_points_the_image_lacks_are_not_made_in_the_writable_layer() {
                 assert!(Instant::now() < deadline, "{name}: logs so far: {out}");
                 std::thread::sleep(Duration::from_millis(100));
             };
+            // The container's root is the container's own: the runtime's mount namespace,
+            // which every later crun run copies, no longer holds it.
+            let ours = std::fs::read_to_string(format!("/proc/{}/mountinfo", rt.pid())).expect("mountinfo");
+            assert!(
+                !ours.contains(id.as_str()),
+                "{name}: the runtime still mounts the container's root: {ours}"
+            );
+            assert!(rt.ok(&["exec", "-s", id, "cat", "/etc/passwd"]).contains("root:x:0:0"), "{name}");
             let mode = if *name == "plain" { "etc 755 0" } else { "etc 750 0" };
             assert!(out.contains(mode), "{name}: the image's /etc shows: {out}");
             assert!(out.contains("name points-host"), "{name}: the pod's hostname is mounted: {out}");

@@ -72,6 +72,26 @@ impl Overlay {
     pub fn unmount_in(dir: &Path, crun: &Crun) -> Result<()> {
         unmount(&Self::target_in(dir), crun)
     }
+
+    /// Takes the overlay of the container whose directory is `dir` out of our own mount
+    /// namespace once `crun create` has made the container's, which holds its own copy of it
+    /// (a private mount: the copies do not propagate to each other). Every mount namespace made
+    /// later copies every mount of ours, and every container's init reads `/proc/mounts`
+    /// (crun's SELinux check), so a mount kept here for each container made each crun run
+    /// cost more the more containers the node had (`docs/benchmarks.md`). Not with a prefix:
+    /// the containers' mount namespace is then another one, which keeps its mounts. Not
+    /// mounted is fine.
+    pub fn detach_in(dir: &Path, crun: &Crun) -> Result<()> {
+        if crun.has_prefix() {
+            return Ok(());
+        }
+        use nix::mount::{MntFlags, umount2};
+        let target = Self::target_in(dir);
+        match umount2(&target, MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+            Err(e) => Err(Error::io("detach the overlay at", &target, e.into())),
+        }
+    }
 }
 
 /// Unmounts `target` (through crun's prefix where it has one); not mounted is fine.

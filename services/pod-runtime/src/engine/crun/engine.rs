@@ -164,7 +164,13 @@ impl Engine for CrunEngine {
         let bundle = new.dir.join("bundle");
         spec.write_bundle(&bundle)?;
         let created = |start_error| Created { start_error, not_honoured: not_honoured.clone() };
-        match self.crun_for(new.pause_pid).create(new.id, &bundle, new.stdio, new.console.as_deref()) {
+        let outcome = self.crun_for(new.pause_pid).create(new.id, &bundle, new.stdio, new.console.as_deref());
+        // The container's mount namespace has its root now (or there is no container): ours
+        // need not keep it.
+        if let Err(e) = Overlay::detach_in(new.dir, &self.crun) {
+            tracing::warn!(container = new.id, error = %e, "the container's root stays mounted in the runtime's namespace");
+        }
+        match outcome {
             Ok(()) => Ok(created(None)),
             // crun checks the command at create (its init has already written the reason to the
             // container's stderr, so it is in the log). Kubernetes users expect what a shell
