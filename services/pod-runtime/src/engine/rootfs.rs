@@ -85,27 +85,26 @@ impl Overlay {
         if crun.has_prefix() {
             return Ok(());
         }
-        use nix::mount::{MntFlags, umount2};
-        let target = Self::target_in(dir);
-        match umount2(&target, MntFlags::MNT_DETACH) {
-            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
-            Err(e) => Err(Error::io("detach the overlay at", &target, e.into())),
-        }
+        unmount_here(&Self::target_in(dir), nix::mount::MntFlags::MNT_DETACH)
     }
 }
 
 /// Unmounts `target` (through crun's prefix where it has one); not mounted is fine.
 fn unmount(target: &Path, crun: &Crun) -> Result<()> {
     if !crun.has_prefix() {
-        use nix::mount::{MntFlags, umount2};
-        return match umount2(target, MntFlags::empty()) {
-            // Not a mount point (never mounted, or mounted in a namespace that is gone).
-            Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
-            Err(e) => Err(Error::io("unmount", target, e.into())),
-        };
+        return unmount_here(target, nix::mount::MntFlags::empty());
     }
     match run(crun.prefixed("umount").arg(target)) {
         Err(Error::Command { stderr, .. }) if stderr.contains("not mounted") => Ok(()),
         other => other.map(drop),
+    }
+}
+
+/// Unmounts `target` in our own mount namespace with `flags`; not mounted is fine.
+fn unmount_here(target: &Path, flags: nix::mount::MntFlags) -> Result<()> {
+    match nix::mount::umount2(target, flags) {
+        // Not a mount point (never mounted, or mounted in a namespace that is gone).
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(Error::io("unmount", target, e.into())),
     }
 }
