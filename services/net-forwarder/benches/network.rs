@@ -21,7 +21,10 @@
 //!
 //! Throughput: one iperf3 TCP stream per round, rounds interleaved across the paths so that
 //! load from elsewhere on the machine spreads over all of them. Round trips: `ping -i 0.01`.
-//! Relay CPU: utime + stime of the relay processes (/proc/PID/stat) over each round.
+//! Relay CPU: utime + stime of the relay processes (/proc/PID/stat) over each round. Whole
+//! machine CPU: the busy time of all CPUs (/proc/stat: everything but idle and iowait) over the
+//! same round, iperf3, both TCP stacks and the softirqs included, so that a path's row shows
+//! how much of the machine it left unused.
 //! Everything runs in namespaces of its own on 10.251.0.0/16; nothing leaves them.
 //!
 //! Run as root: `cargo bench -p hpk-net-forwarder --bench network`. Prints `SKIPPED: why` and
@@ -138,14 +141,17 @@ impl<'a> Probe<'a> {
         Ok(Probe { client, server: *server.ip(), port: server.port(), relays, _iperf3: iperf3 })
     }
 
-    /// One iperf3 round: Gbit/s and the relays' CPU in % of a core.
-    fn round(&self, seconds: u32, tick: f64) -> Result<(f64, f64)> {
+    /// One iperf3 round: Gbit/s, the relays' CPU and the whole machine's, in % of a core.
+    fn round(&self, seconds: u32, tick: f64) -> Result<(f64, f64, f64)> {
         let before = measure::cpu_ticks(&self.relays)?;
+        let machine_before = measure::machine_busy_ticks()?;
         let start = Instant::now();
         let gbits = measure::iperf3(self.client, self.server, self.port, seconds)?;
         let elapsed = start.elapsed().as_secs_f64();
         let ticks = measure::cpu_ticks(&self.relays)? - before;
-        Ok((gbits, ticks as f64 / tick / elapsed * 100.0))
+        let machine = measure::machine_busy_ticks()?.saturating_sub(machine_before);
+        let share = |t: u64| t as f64 / tick / elapsed * 100.0;
+        Ok((gbits, share(ticks), share(machine)))
     }
 
     fn ping(&self, count: usize) -> Result<Rtt, String> {
@@ -257,10 +263,15 @@ fn run(settings: &Settings) -> Result<bool> {
         settings.pings
     );
     println!(
-        "Load average at start: {}; at the end: {}\n",
+        "Load average at start: {}; at the end: {}",
         load.trim(),
         std::fs::read_to_string("/proc/loadavg")?.trim()
     );
+    let cpus = std::fs::read_to_string("/proc/stat")?
+        .lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .count();
+    println!("CPUs: {cpus}: the whole machine's CPU is at most {} % of a core.\n", cpus * 100);
     print!("{}", support::report::table(&rows, &ratios, settings.rounds));
     for (name, a) in [("path 4", &across), ("path 5", &one_queue), ("path 8", &jumbo)] {
         if let Some(a) = a {
@@ -332,10 +343,14 @@ fn measure_all(probes: &[Option<&Probe<'_>>], rows: &mut [Row], settings: &Setti
         for (i, (probe, row)) in probes.iter().zip(rows.iter_mut()).enumerate() {
             let (Some(p), Ok(m)) = (probe, &mut row.result) else { continue };
             match p.round(settings.seconds, tick) {
-                Ok((gbits, cpu)) => {
-                    eprintln!("round {round}, path {}: {gbits:.2} Gbit/s, relay CPU {cpu:.1} %", i + 1);
+                Ok((gbits, cpu, machine)) => {
+                    eprintln!(
+                        "round {round}, path {}: {gbits:.2} Gbit/s, relay CPU {cpu:.1} %, machine CPU {machine:.0} %",
+                        i + 1
+                    );
                     m.gbits.push(gbits);
                     m.relay_cpu.push(cpu);
+                    m.machine_cpu.push(machine);
                 }
                 Err(e) => row.result = Err(format!("failed in round {round}: {e:#}")),
             }

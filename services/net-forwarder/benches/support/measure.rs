@@ -115,6 +115,22 @@ pub fn ticks_per_second() -> Result<f64> {
     output(Command::new("getconf").arg("CLK_TCK"))?.trim().parse().context("getconf CLK_TCK")
 }
 
+/// CPU time the whole machine spent busy (all CPUs: user, nice, system, irq, softirq and steal;
+/// not idle or iowait), in clock ticks, from the first line of /proc/stat.
+pub fn machine_busy_ticks() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
+    machine_busy(&stat).context("parse /proc/stat")
+}
+
+/// The busy ticks of a /proc/stat text.
+pub fn machine_busy(stat: &str) -> Result<u64> {
+    let line = stat.lines().next().filter(|l| l.starts_with("cpu ")).ok_or_else(|| anyhow!("no cpu line"))?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).map(str::parse).collect::<Result<_, _>>()?;
+    let at = |i: usize| v.get(i).copied().ok_or_else(|| anyhow!("{} fields, not {}", v.len(), i + 1));
+    // user nice system idle iowait irq softirq steal (guest time is within user)
+    Ok(at(0)? + at(1)? + at(2)? + at(5)? + at(6)? + at(7)?)
+}
+
 /// User + system CPU time of the processes `pids` (all their threads), in clock ticks.
 pub fn cpu_ticks(pids: &[u32]) -> Result<u64> {
     let mut ticks = 0;

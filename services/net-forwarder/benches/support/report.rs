@@ -17,6 +17,9 @@ pub struct Measured {
     pub gbits: Vec<f64>,
     /// CPU of the relay processes during each round, in % of one core.
     pub relay_cpu: Vec<f64>,
+    /// CPU of the whole machine during each round (every process, the kernel's softirqs), in %
+    /// of one core.
+    pub machine_cpu: Vec<f64>,
     pub rtt: Option<Result<Rtt, String>>,
 }
 
@@ -37,20 +40,21 @@ pub struct Ratio {
 pub fn table(rows: &[Row], ratios: &[Ratio], rounds: usize) -> String {
     let mut t = format!(
         "| # | path | Gbit/s, median of {rounds} (min–max) | ping avg / p99 ms | relay CPU, % of a core \
-         | relay CPU per Gbit/s, % of a core | ratio | goal |\n|---|---|---|---|---|---|---|---|\n"
+         | relay CPU per Gbit/s, % of a core | whole machine CPU, % of a core (per Gbit/s) | ratio | goal \
+         |\n|---|---|---|---|---|---|---|---|---|\n"
     );
     for (i, row) in rows.iter().enumerate() {
         let (ratio, goal) = ratio_cells(rows, ratios, i);
         let cells = match &row.result {
             Ok(m) => measured_cells(row, m),
-            Err(why) => [why.clone(), "—".into(), "—".into(), "—".into()],
+            Err(why) => [why.clone(), "—".into(), "—".into(), "—".into(), "—".into()],
         };
         let _ = writeln!(t, "| {} | {} | {} | {ratio} | {goal} |", i + 1, row.label, cells.join(" | "));
     }
     t
 }
 
-fn measured_cells(row: &Row, m: &Measured) -> [String; 4] {
+fn measured_cells(row: &Row, m: &Measured) -> [String; 5] {
     let range = |v: &[f64]| {
         v.iter().copied().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)))
     };
@@ -70,7 +74,9 @@ fn measured_cells(row: &Row, m: &Measured) -> [String; 4] {
             (format!("{cpu:.1} ({relay})"), format!("{:.1}", median(&per)))
         }
     };
-    [gbits, rtt, cpu, per_gbit]
+    let per: Vec<f64> = m.machine_cpu.iter().zip(&m.gbits).map(|(c, g)| c / g).collect();
+    let machine = format!("{:.0} ({:.1})", median(&m.machine_cpu), median(&per));
+    [gbits, rtt, cpu, per_gbit, machine]
 }
 
 /// The ratio and goal cells of row `i`: each ratio whose path is `i`, and where `i` is the
